@@ -1,0 +1,118 @@
+"""Running VGF programs on Vulkan through Arm's ``scenario_runner``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+from torch.export import ExportedProgram
+
+from etkit_exporter.tools import find_tool
+from etkit_exporter.vulkan_env import ml_emulation_env
+
+# The tensor formats of a VGF's inputs and outputs, and their numpy dtypes.
+FORMAT_DTYPES: Final[dict[str, np.dtype[Any]]] = {
+    "VK_FORMAT_R8_SINT": np.dtype(np.int8),
+    "VK_FORMAT_R8_UINT": np.dtype(np.uint8),
+    "VK_FORMAT_R8_BOOL_ARM": np.dtype(np.bool_),
+    "VK_FORMAT_R16_SINT": np.dtype(np.int16),
+    "VK_FORMAT_R16_UINT": np.dtype(np.uint16),
+    "VK_FORMAT_R32_SINT": np.dtype(np.int32),
+    "VK_FORMAT_R32_UINT": np.dtype(np.uint32),
+    "VK_FORMAT_R64_SINT": np.dtype(np.int64),
+    "VK_FORMAT_R16_SFLOAT": np.dtype(np.float16),
+    "VK_FORMAT_R32_SFLOAT": np.dtype(np.float32),
+}
+
+
+class ScenarioError(RuntimeError):
+    """scenario_runner failed, or its inputs do not fit the VGF."""
+
+
+def vgf_delegates(program: ExportedProgram) -> list[bytes]:
+    """The VGF binaries of a lowered program's VGF delegates, in graph order."""
+    blobs = []
+    for node in program.graph_module.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        module = getattr(program.graph_module, str(node.target), None)
+        if getattr(module, "backend_id", None) == "VgfBackend":
+            blobs.append(bytes(module.processed_bytes))  # type: ignore[union-attr]
+    return blobs
+
+
+def scenario_template(vgf_path: Path) -> dict[str, Any]:
+    """The scenario that ``vgf_dump --scenario-template`` writes for a VGF file."""
+    with tempfile.TemporaryDirectory(prefix="etkit-scenario-") as tmp:
+        out = Path(tmp) / "scenario.json"
+        done = subprocess.run(
+            [find_tool("vgf_dump"), "-i", str(vgf_path), "-o", str(out), "--scenario-template"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ScenarioError(f"vgf_dump failed on {vgf_path}:\n{done.stderr[-2000:]}")
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def run_vgf(
+    vgf: Path | bytes,
+    inputs: Sequence[npt.NDArray[Any]],
+    workdir: Path | None = None,
+) -> list[npt.NDArray[Any]]:
+    """Runs a VGF (a file, or the bytes of one) on the Vulkan device with the ML emulation layers
+    and returns its outputs. ``inputs`` are in the VGF's input order, each with the shape and dtype
+    the VGF declares; a mismatch raises ``ScenarioError`` before anything runs."""
+    with tempfile.TemporaryDirectory(prefix="etkit-vgf-run-") as tmp:
+        work = Path(workdir) if workdir is not None else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        if isinstance(vgf, bytes):
+            vgf_path = work / "model.vgf"
+            vgf_path.write_bytes(vgf)
+        else:
+            vgf_path = Path(vgf).resolve()
+        scenario = scenario_template(vgf_path)
+        tensors = [r["tensor"] for r in scenario["resources"] if "tensor" in r]
+        input_specs = [t for t in tensors if "src" in t]
+        output_specs = [t for t in tensors if "dst" in t]
+        if len(inputs) != len(input_specs):
+            raise ScenarioError(f"the VGF takes {len(input_specs)} inputs, got {len(inputs)}")
+        for index, (array, spec) in enumerate(zip(inputs, input_specs, strict=True)):
+            dtype = FORMAT_DTYPES.get(spec["format"])
+            if tuple(array.shape) != tuple(spec["dims"]) or array.dtype != dtype:
+                raise ScenarioError(
+                    f"input {index}: the VGF wants {spec['format']} {spec['dims']}, got "
+                    f"{array.dtype} {list(array.shape)}"
+                )
+            path = work / f"input_{index}.npy"
+            np.save(path, np.ascontiguousarray(array))
+            spec["src"] = str(path)
+        for index, spec in enumerate(output_specs):
+            spec["dst"] = str(work / f"output_{index}.npy")
+        for resource in scenario["resources"]:
+            if "graph" in resource:
+                resource["graph"]["src"] = str(vgf_path)
+        scenario_path = work / "scenario.json"
+        scenario_path.write_text(json.dumps(scenario, indent=1))
+        done = subprocess.run(
+            [find_tool("scenario_runner"), "--scenario", str(scenario_path)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=ml_emulation_env(),
+            cwd=work,
+        )
+        if done.returncode != 0:
+            raise ScenarioError(
+                f"scenario_runner failed (exit {done.returncode}):\n"
+                f"{(done.stdout + done.stderr)[-3000:]}"
+            )
+        return [np.load(spec["dst"]) for spec in output_specs]

@@ -1,0 +1,463 @@
+"""A small Vulkan compute runner on the ``vulkan`` (cffi) bindings: one device, storage buffers
+in, storage buffers out, push constants, a dispatch. The grid-sampler's Vulkan kernel runs on it.
+
+Host-visible, host-coherent memory throughout: simple and exact; fast enough on lavapipe, where
+device memory is host memory anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+
+class VulkanUnavailableError(RuntimeError):
+    """No Vulkan loader or no Vulkan device with a compute queue."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a Vulkan physical device says of itself."""
+
+    name: str
+    api_version: str
+    driver_version: int
+    driver_name: str
+    driver_info: str
+    device_type: str
+
+
+def _version_string(version: int) -> str:
+    return f"{version >> 22}.{(version >> 12) & 0x3FF}.{version & 0xFFF}"
+
+
+_DEVICE_TYPES = {0: "other", 1: "integrated GPU", 2: "discrete GPU", 3: "virtual GPU", 4: "CPU"}
+
+
+def _vk() -> Any:
+    try:
+        import vulkan
+    except (ImportError, OSError) as error:  # OSError: the bindings found no libvulkan.so.1
+        raise VulkanUnavailableError(
+            f"the Vulkan loader could not be loaded ({error}); install libvulkan1 and "
+            "mesa-vulkan-drivers (scripts/setup.sh does)"
+        ) from error
+    return vulkan
+
+
+def find_glsl_compiler() -> list[str]:
+    """The command that compiles a GLSL compute shader: Debian's ``glslangValidator`` or, without
+    it, the ``glslc`` that the ai-ml-sdk-scenario-runner wheel ships. Raises ``FileNotFoundError``
+    naming what to install."""
+    validator = shutil.which("glslangValidator")
+    if validator:
+        return [validator, "-V", "--target-env", "vulkan1.2", "-S", "comp"]
+    glslc = shutil.which("glslc")
+    if glslc is None:
+        try:
+            import scenario_runner
+
+            candidate = Path(scenario_runner.__path__[0]) / "binaries" / "bin" / "glslc"
+            glslc = str(candidate) if candidate.is_file() else None
+        except ImportError:
+            glslc = None
+    if glslc:
+        return [glslc, "--stage", "compute"]
+    raise FileNotFoundError(
+        "no GLSL compiler: install Debian's glslang-tools (glslangValidator) or the "
+        "ai-ml-sdk-scenario-runner wheel (glslc)"
+    )
+
+
+def compile_glsl(source: str, defines: dict[str, str | int] | None = None) -> bytes:
+    """Compiles a GLSL compute shader to SPIR-V, with ``#define`` lines for ``defines`` placed
+    after its ``#version`` line. Raises ``RuntimeError`` with the compiler's message when the
+    source does not compile."""
+    lines = source.splitlines()
+    version_line = next((i for i, line in enumerate(lines) if line.startswith("#version")), -1)
+    lines[version_line + 1 : version_line + 1] = [
+        f"#define {key} {value}" for key, value in (defines or {}).items()
+    ]
+    compiler = find_glsl_compiler()
+    with tempfile.TemporaryDirectory(prefix="etkit-glsl-") as tmp:
+        src, spv = Path(tmp) / "shader.comp", Path(tmp) / "shader.spv"
+        src.write_text("\n".join(lines) + "\n")
+        if Path(compiler[0]).name == "glslc":
+            args = [*compiler, "--input", str(src), "--output", str(spv)]
+        else:
+            args = [*compiler, str(src), "-o", str(spv)]
+        done = subprocess.run(args, capture_output=True, text=True, check=False)
+        if done.returncode != 0 or not spv.is_file():
+            raise RuntimeError(f"GLSL compilation failed:\n{done.stdout}{done.stderr}")
+        return spv.read_bytes()
+
+
+class ComputeDevice:
+    """One Vulkan device and compute queue. ``run`` dispatches a SPIR-V compute shader whose
+    bindings 0..k-1 (set 0) are the given storage buffers, in order."""
+
+    def __init__(self) -> None:
+        vk = _vk()
+        self._vk = vk
+        app_info = vk.VkApplicationInfo(
+            sType=vk.VK_STRUCTURE_TYPE_APPLICATION_INFO,
+            pApplicationName="etkit",
+            applicationVersion=1,
+            pEngineName="etkit",
+            engineVersion=1,
+            apiVersion=vk.VK_MAKE_VERSION(1, 2, 0),
+        )
+        try:
+            self._instance = vk.vkCreateInstance(
+                vk.VkInstanceCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, pApplicationInfo=app_info
+                ),
+                None,
+            )
+            physical_devices = vk.vkEnumeratePhysicalDevices(self._instance)
+        except vk.VkError as error:
+            raise VulkanUnavailableError(f"Vulkan instance creation failed: {error!r}") from error
+        chosen = None
+        for physical in physical_devices:
+            families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)
+            for index, family in enumerate(families):
+                if family.queueFlags & vk.VK_QUEUE_COMPUTE_BIT:
+                    chosen = (physical, index)
+                    break
+            if chosen:
+                break
+        if chosen is None:
+            vk.vkDestroyInstance(self._instance, None)
+            raise VulkanUnavailableError(
+                "no Vulkan device with a compute queue; install mesa-vulkan-drivers (lavapipe)"
+            )
+        self._physical, self._queue_family = chosen
+        queue_info = vk.VkDeviceQueueCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+            queueFamilyIndex=self._queue_family,
+            queueCount=1,
+            pQueuePriorities=[1.0],
+        )
+        self._device = vk.vkCreateDevice(
+            self._physical,
+            vk.VkDeviceCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
+                queueCreateInfoCount=1,
+                pQueueCreateInfos=[queue_info],
+            ),
+            None,
+        )
+        self._queue = vk.vkGetDeviceQueue(self._device, self._queue_family, 0)
+        self._memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(self._physical)
+        self._command_pool = vk.vkCreateCommandPool(
+            self._device,
+            vk.VkCommandPoolCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                queueFamilyIndex=self._queue_family,
+                flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+            ),
+            None,
+        )
+
+    def info(self) -> DeviceInfo:
+        """Name, API version and driver of the device this runner uses."""
+        vk = self._vk
+        properties = vk.vkGetPhysicalDeviceProperties(self._physical)
+        driver_name = driver_info = ""
+        try:
+            driver = vk.VkPhysicalDeviceDriverProperties(
+                sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES
+            )
+            properties2 = vk.VkPhysicalDeviceProperties2(
+                sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=driver
+            )
+            vk.vkGetPhysicalDeviceProperties2(self._physical, properties2)
+            driver_name = vk.ffi.string(driver.driverName).decode()
+            driver_info = vk.ffi.string(driver.driverInfo).decode()
+        except (AttributeError, vk.VkError):  # pre-1.2 device: no driver properties
+            pass
+        return DeviceInfo(
+            name=properties.deviceName,
+            api_version=_version_string(properties.apiVersion),
+            driver_version=properties.driverVersion,
+            driver_name=driver_name,
+            driver_info=driver_info,
+            device_type=_DEVICE_TYPES.get(properties.deviceType, "unknown"),
+        )
+
+    def _memory_type(self, type_bits: int, flags: int) -> int:
+        for index in range(self._memory_properties.memoryTypeCount):
+            memory_type = self._memory_properties.memoryTypes[index]
+            if type_bits & (1 << index) and (memory_type.propertyFlags & flags) == flags:
+                return index
+        raise VulkanUnavailableError("no host-visible, host-coherent Vulkan memory type")
+
+    def run(
+        self,
+        spirv: bytes,
+        buffers: Sequence[npt.NDArray[Any]],
+        group_counts: tuple[int, int, int],
+        push_constants: bytes = b"",
+        read_back: Sequence[int] | None = None,
+    ) -> list[npt.NDArray[Any]]:
+        """Dispatches ``spirv`` (entry point ``main``) with ``buffers[i]`` bound at set 0, binding
+        i, and returns copies of the buffers listed in ``read_back`` (all by default) after the
+        dispatch, each with its input's dtype and shape."""
+        vk = self._vk
+        device = self._device
+        read_back = list(range(len(buffers))) if read_back is None else list(read_back)
+        created: list[tuple[Any, Any, int]] = []
+        try:
+            for array in buffers:
+                size = max(int(array.nbytes), 4)
+                buffer = vk.vkCreateBuffer(
+                    device,
+                    vk.VkBufferCreateInfo(
+                        sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                        size=size,
+                        usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                        sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE,
+                    ),
+                    None,
+                )
+                requirements = vk.vkGetBufferMemoryRequirements(device, buffer)
+                memory = vk.vkAllocateMemory(
+                    device,
+                    vk.VkMemoryAllocateInfo(
+                        sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                        allocationSize=requirements.size,
+                        memoryTypeIndex=self._memory_type(
+                            requirements.memoryTypeBits,
+                            vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+                            | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                        ),
+                    ),
+                    None,
+                )
+                created.append((buffer, memory, size))
+                vk.vkBindBufferMemory(device, buffer, memory, 0)
+                mapped = vk.vkMapMemory(device, memory, 0, size, 0)
+                host = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+                np.frombuffer(mapped, dtype=np.uint8, count=host.size)[:] = host
+                vk.vkUnmapMemory(device, memory)
+            self._dispatch(
+                spirv, [(b, size) for b, _, size in created], group_counts, push_constants
+            )
+            results = []
+            for index in read_back:
+                array = buffers[index]
+                memory = created[index][1]
+                mapped = vk.vkMapMemory(device, memory, 0, max(int(array.nbytes), 4), 0)
+                data = np.frombuffer(mapped, dtype=array.dtype, count=array.size).copy()
+                vk.vkUnmapMemory(device, memory)
+                results.append(data.reshape(array.shape))
+            return results
+        finally:
+            for buffer, memory, _ in created:
+                vk.vkDestroyBuffer(device, buffer, None)
+                vk.vkFreeMemory(device, memory, None)
+
+    def _dispatch(
+        self,
+        spirv: bytes,
+        buffers: Sequence[tuple[Any, int]],
+        group_counts: tuple[int, int, int],
+        push_constants: bytes,
+    ) -> None:
+        vk = self._vk
+        device = self._device
+        bindings = [
+            vk.VkDescriptorSetLayoutBinding(
+                binding=i,
+                descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                descriptorCount=1,
+                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+            )
+            for i in range(len(buffers))
+        ]
+        set_layout = vk.vkCreateDescriptorSetLayout(
+            device,
+            vk.VkDescriptorSetLayoutCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                bindingCount=len(bindings),
+                pBindings=bindings,
+            ),
+            None,
+        )
+        push_ranges = (
+            [
+                vk.VkPushConstantRange(
+                    stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=len(push_constants)
+                )
+            ]
+            if push_constants
+            else []
+        )
+        pipeline_layout = vk.vkCreatePipelineLayout(
+            device,
+            vk.VkPipelineLayoutCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+                setLayoutCount=1,
+                pSetLayouts=[set_layout],
+                pushConstantRangeCount=len(push_ranges),
+                pPushConstantRanges=push_ranges or None,
+            ),
+            None,
+        )
+        module = vk.vkCreateShaderModule(
+            device,
+            vk.VkShaderModuleCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+                codeSize=len(spirv),
+                pCode=spirv,
+            ),
+            None,
+        )
+        # The stage info (and its entry-point name) must outlive pipeline creation: an inline
+        # temporary is freed early and creation fails with VkErrorUnknown.
+        stage = vk.VkPipelineShaderStageCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+            module=module,
+            pName="main",
+        )
+        pipeline_info = vk.VkComputePipelineCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+            stage=stage,
+            layout=pipeline_layout,
+        )
+        pipeline = vk.vkCreateComputePipelines(device, None, 1, [pipeline_info], None)[0]
+        pool = vk.vkCreateDescriptorPool(
+            device,
+            vk.VkDescriptorPoolCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+                maxSets=1,
+                poolSizeCount=1,
+                pPoolSizes=[
+                    vk.VkDescriptorPoolSize(
+                        type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=len(buffers)
+                    )
+                ],
+            ),
+            None,
+        )
+        fence = None
+        command_buffer = None
+        try:
+            descriptor_set = vk.vkAllocateDescriptorSets(
+                device,
+                vk.VkDescriptorSetAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                    descriptorPool=pool,
+                    descriptorSetCount=1,
+                    pSetLayouts=[set_layout],
+                ),
+            )[0]
+            buffer_infos = [
+                vk.VkDescriptorBufferInfo(buffer=buffer, offset=0, range=size)
+                for buffer, size in buffers
+            ]
+            writes = [
+                vk.VkWriteDescriptorSet(
+                    sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                    dstSet=descriptor_set,
+                    dstBinding=i,
+                    descriptorCount=1,
+                    descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                    pBufferInfo=[info],
+                )
+                for i, info in enumerate(buffer_infos)
+            ]
+            vk.vkUpdateDescriptorSets(device, len(writes), writes, 0, None)
+            command_buffer = vk.vkAllocateCommandBuffers(
+                device,
+                vk.VkCommandBufferAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                    commandPool=self._command_pool,
+                    level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                    commandBufferCount=1,
+                ),
+            )[0]
+            vk.vkBeginCommandBuffer(
+                command_buffer,
+                vk.VkCommandBufferBeginInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                    flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT,
+                ),
+            )
+            vk.vkCmdBindPipeline(command_buffer, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline)
+            vk.vkCmdBindDescriptorSets(
+                command_buffer,
+                vk.VK_PIPELINE_BIND_POINT_COMPUTE,
+                pipeline_layout,
+                0,
+                1,
+                [descriptor_set],
+                0,
+                None,
+            )
+            if push_constants:
+                vk.vkCmdPushConstants(
+                    command_buffer,
+                    pipeline_layout,
+                    vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                    0,
+                    len(push_constants),
+                    vk.ffi.from_buffer(push_constants),
+                )
+            vk.vkCmdDispatch(command_buffer, *group_counts)
+            vk.vkEndCommandBuffer(command_buffer)
+            fence = vk.vkCreateFence(
+                device, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None
+            )
+            vk.vkQueueSubmit(
+                self._queue,
+                1,
+                [
+                    vk.VkSubmitInfo(
+                        sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                        commandBufferCount=1,
+                        pCommandBuffers=[command_buffer],
+                    )
+                ],
+                fence,
+            )
+            vk.vkWaitForFences(device, 1, [fence], vk.VK_TRUE, 2**63 - 1)
+        finally:
+            if fence is not None:
+                vk.vkDestroyFence(device, fence, None)
+            if command_buffer is not None:
+                vk.vkFreeCommandBuffers(device, self._command_pool, 1, [command_buffer])
+            vk.vkDestroyDescriptorPool(device, pool, None)
+            vk.vkDestroyPipeline(device, pipeline, None)
+            vk.vkDestroyShaderModule(device, module, None)
+            vk.vkDestroyPipelineLayout(device, pipeline_layout, None)
+            vk.vkDestroyDescriptorSetLayout(device, set_layout, None)
+
+    def close(self) -> None:
+        """Releases the device; the runner cannot be used afterwards."""
+        vk = self._vk
+        if getattr(self, "_device", None) is not None:
+            vk.vkDestroyCommandPool(self._device, self._command_pool, None)
+            vk.vkDestroyDevice(self._device, None)
+            vk.vkDestroyInstance(self._instance, None)
+            self._device = None
+
+
+@cache
+def default_device() -> ComputeDevice:
+    """The process-wide compute runner (created on first use). Raises
+    ``VulkanUnavailableError`` when there is no usable Vulkan device."""
+    if os.environ.get("ETKIT_DISABLE_VULKAN") == "1":
+        raise VulkanUnavailableError("Vulkan is disabled by ETKIT_DISABLE_VULKAN=1")
+    return ComputeDevice()

@@ -1,0 +1,77 @@
+"""What a grid sampler computes: its mode, padding, corner alignment and the quantization of its
+image, grid and output. Values, not behaviour: frozen, comparable, hashable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import torch
+
+Mode = Literal["bilinear", "nearest"]
+PaddingMode = Literal["zeros", "border", "reflection"]
+
+# The integer codes of aten.grid_sampler_2d's interpolation_mode and padding_mode arguments.
+MODE_CODES: Final[dict[str, int]] = {"bilinear": 0, "nearest": 1}
+PADDING_CODES: Final[dict[str, int]] = {"zeros": 0, "border": 1, "reflection": 2}
+
+_DTYPE_RANGES: Final[dict[torch.dtype, tuple[int, int]]] = {
+    torch.int8: (-128, 127),
+    torch.int16: (-32768, 32767),
+    torch.uint8: (0, 255),
+}
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Per-tensor affine quantization: ``value = (q - zero_point) * scale``, ``q`` in
+    ``[quant_min, quant_max]`` of ``dtype``."""
+
+    scale: float
+    zero_point: int
+    quant_min: int
+    quant_max: int
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPE_RANGES:
+            raise ValueError(f"QParams dtype must be torch.int8, int16 or uint8, got {self.dtype}")
+        if not (self.scale > 0 and self.scale != float("inf")):
+            raise ValueError(f"QParams scale must be positive and finite, got {self.scale}")
+        low, high = _DTYPE_RANGES[self.dtype]
+        if not low <= self.quant_min <= self.quant_max <= high:
+            raise ValueError(
+                f"QParams range [{self.quant_min}, {self.quant_max}] must lie inside "
+                f"[{low}, {high}] of {self.dtype}"
+            )
+        if not self.quant_min <= self.zero_point <= self.quant_max:
+            raise ValueError(
+                f"QParams zero_point {self.zero_point} must lie in "
+                f"[{self.quant_min}, {self.quant_max}]"
+            )
+
+
+@dataclass(frozen=True)
+class GridSampleOp:
+    """One grid sampler: ``torch.nn.functional.grid_sample(image, grid, mode, padding_mode,
+    align_corners)`` with optional quantization of each tensor (``None``: float32)."""
+
+    mode: Mode = "bilinear"
+    padding_mode: PaddingMode = "zeros"
+    align_corners: bool = False
+    image: QParams | None = None
+    grid: QParams | None = None
+    output: QParams | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODE_CODES:
+            raise ValueError(f"mode must be one of {sorted(MODE_CODES)}, got {self.mode!r}")
+        if self.padding_mode not in PADDING_CODES:
+            raise ValueError(
+                f"padding_mode must be one of {sorted(PADDING_CODES)}, got {self.padding_mode!r}"
+            )
+
+    @property
+    def is_float(self) -> bool:
+        """True when image, grid and output are all float32."""
+        return self.image is None and self.grid is None and self.output is None

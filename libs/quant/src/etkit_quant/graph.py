@@ -1,0 +1,66 @@
+"""Queries on FX graph nodes that every etkit library asks: is this node a quantize, a
+dequantize, a grid sampler?
+
+They match by operator name, not by object identity, so they hold in every dialect a node can be
+in: the ATen graph of ``torch.export`` (``aten.grid_sampler_2d.default``,
+``quantized_decomposed.quantize_per_tensor.default``) and ExecuTorch's edge dialect, whose
+operators are wrappers with the same names.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from torch.fx import Node
+
+QUANTIZE_TARGET_NAMES: Final = frozenset(
+    {
+        "quantized_decomposed::quantize_per_tensor",
+        "quantized_decomposed::quantize_per_tensor.default",
+        "quantized_decomposed::quantize_per_tensor.tensor",
+        "quantized_decomposed::quantize_per_tensor.tensor2",
+    }
+)
+DEQUANTIZE_TARGET_NAMES: Final = frozenset(
+    {
+        "quantized_decomposed::dequantize_per_tensor",
+        "quantized_decomposed::dequantize_per_tensor.default",
+        "quantized_decomposed::dequantize_per_tensor.tensor",
+        "quantized_decomposed::dequantize_per_tensor.tensor2",
+    }
+)
+GRID_SAMPLER_TARGET_NAMES: Final = frozenset(
+    {
+        "aten::grid_sampler",
+        "aten::grid_sampler.default",
+        "aten::grid_sampler_2d",
+        "aten::grid_sampler_2d.default",
+    }
+)
+
+
+def target_name(node: Node) -> str:
+    """The qualified operator name of a ``call_function`` node (``"aten::grid_sampler_2d"``,
+    ``"aten::grid_sampler_2d.vec"``), or ``""`` for any other node or a non-operator target."""
+    if node.op != "call_function":
+        return ""
+    name = getattr(node.target, "name", None)
+    if callable(name):  # torch OpOverload and the edge dialect's EdgeOpOverload
+        result = name()
+        return result if isinstance(result, str) else ""
+    return ""
+
+
+def is_quantize(node: Node) -> bool:
+    """True for a per-tensor quantize node."""
+    return target_name(node) in QUANTIZE_TARGET_NAMES
+
+
+def is_dequantize(node: Node) -> bool:
+    """True for a per-tensor dequantize node."""
+    return target_name(node) in DEQUANTIZE_TARGET_NAMES
+
+
+def is_grid_sampler(node: Node) -> bool:
+    """True for ``aten.grid_sampler`` and ``aten.grid_sampler_2d`` nodes (any overload)."""
+    return target_name(node) in GRID_SAMPLER_TARGET_NAMES

@@ -1,0 +1,67 @@
+"""The shared graph queries, on real exported graphs in the ATen and edge dialects."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from executorch.exir import to_edge
+from torch.fx import Node
+
+from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize, target_name
+
+
+class Warp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 3, 1)
+
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        return F.grid_sample(self.conv(image), grid, align_corners=False)
+
+
+def _example() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(1, 3, 8, 8), torch.rand(1, 4, 4, 2) * 2 - 1
+
+
+def _call_nodes(graph: torch.fx.Graph) -> list[Node]:
+    return [n for n in graph.nodes if n.op == "call_function"]
+
+
+def test_grid_sampler_found_in_aten_and_edge_dialects() -> None:
+    exported = torch.export.export(Warp().eval(), _example(), strict=True)
+    aten_hits = [n for n in _call_nodes(exported.graph) if is_grid_sampler(n)]
+    assert len(aten_hits) == 1
+    edge = to_edge(exported).exported_program()
+    edge_hits = [n for n in _call_nodes(edge.graph) if is_grid_sampler(n)]
+    assert [target_name(n) for n in edge_hits] == ["aten::grid_sampler_2d"]
+    # the convolution is neither a grid sampler nor a quantize/dequantize
+    others = [n for n in _call_nodes(edge.graph) if not is_grid_sampler(n)]
+    assert others and not any(is_quantize(n) or is_dequantize(n) for n in others)
+
+
+def test_quantize_and_dequantize_after_pt2e_convert() -> None:
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    example = _example()
+    exported = torch.export.export(Warp().eval(), example, strict=True)
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    prepared = prepare_pt2e(exported.module(check_guards=False), quantizer)  # type: ignore[arg-type]
+    prepared(*example)
+    converted = convert_pt2e(prepared)
+    nodes = _call_nodes(converted.graph)
+    quantizes = [n for n in nodes if is_quantize(n)]
+    dequantizes = [n for n in nodes if is_dequantize(n)]
+    assert quantizes and dequantizes
+    assert not set(quantizes) & set(dequantizes)
+    assert all("quantize_per_tensor" in target_name(n) for n in quantizes)
+
+
+def test_non_call_nodes_have_no_target_name() -> None:
+    exported = torch.export.export(Warp().eval(), _example(), strict=True)
+    placeholders = [n for n in exported.graph.nodes if n.op == "placeholder"]
+    assert placeholders
+    assert all(target_name(n) == "" and not is_grid_sampler(n) for n in placeholders)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Sets up everything etkit needs on a Debian 12 machine, then runs the exporter's main job.
+#
+#   scripts/setup.sh            set up, then run the main job
+#   scripts/setup.sh --no-run   set up only (what scripts/check.sh uses)
+#
+# Safe to run again: each step is skipped when what it would install is already there.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+run_main_job=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-run) run_main_job=0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (expected --no-run or nothing)" >&2; exit 2 ;;
+  esac
+done
+
+say() { printf '[setup] %s\n' "$*"; }
+
+# 1. System packages: the Vulkan loader, Mesa's lavapipe driver, vulkaninfo, glslang, a C++ toolchain.
+apt_packages=(libvulkan1 mesa-vulkan-drivers vulkan-tools glslang-tools g++ cmake make)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "setup.sh: need root (or sudo) to apt-get install ${missing[*]}" >&2; exit 1; }
+    sudo="sudo"
+  fi
+  say "apt-get install ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  say "system packages present"
+fi
+
+# 2. The virtual environment, Python 3.11.
+python_bin="${ETKIT_PYTHON:-$(command -v python3.11 || command -v python3)}"
+if [ ! -x "$venv/bin/python" ]; then
+  "$python_bin" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+    || { echo "setup.sh: $python_bin is not Python 3.11; set ETKIT_PYTHON to a Python 3.11" >&2; exit 1; }
+  say "creating .venv with $python_bin"
+  "$python_bin" -m venv "$venv"
+fi
+
+# 3. Python packages, exactly as locked, then the five etkit packages editable.
+#    The stamp holds a hash of everything that decides the environment, so a second run is instant.
+stamp="$venv/.etkit-setup-stamp"
+digest="$(cat "$root/requirements/"*.txt "$root"/libs/*/pyproject.toml "$root"/apps/*/pyproject.toml \
+  "$root/libs/gridsampler/CMakeLists.txt" $(find "$root/libs/gridsampler/csrc" -type f | sort) \
+  | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
+  say "installing Python packages (locked in requirements/constraints.txt)"
+  export PIP_DISABLE_PIP_VERSION_CHECK=1
+  "$venv/bin/pip" install -q -c "$root/requirements/constraints.txt" -r "$root/requirements/dev.txt"
+  say "installing the etkit packages editable"
+  "$venv/bin/pip" install -q --no-deps --no-build-isolation \
+    -e "$root/libs/quant" -e "$root/libs/partition" -e "$root/libs/layout" \
+    -e "$root/libs/gridsampler" -e "$root/apps/exporter"
+  # Nothing must have pulled a CUDA build of torch.
+  if "$venv/bin/pip" list 2>/dev/null | grep -qi '^nvidia-'; then
+    echo "setup.sh: nvidia-* wheels were installed; torch must be the CPU build" >&2; exit 1
+  fi
+  echo "$digest" >"$stamp"
+else
+  say "Python packages up to date"
+fi
+
+# 4. The main job.
+if ((run_main_job)); then
+  say "running: etkit doctor"
+  exec "$venv/bin/etkit" doctor
+fi
