@@ -56,9 +56,11 @@ digest="$(cat "$root/requirements/"*.txt "$root"/libs/*/pyproject.toml "$root"/a
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
   say "installing Python packages (locked in requirements/constraints.txt)"
   export PIP_DISABLE_PIP_VERSION_CHECK=1
-  "$venv/bin/pip" install -q -c "$root/requirements/constraints.txt" -r "$root/requirements/dev.txt"
+  # (pip's config here lists optional local indexes; its warnings about the absent ones are noise)
+  quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }; }
+  quiet "$venv/bin/pip" install -q -c "$root/requirements/constraints.txt" -r "$root/requirements/dev.txt"
   say "installing the etkit packages editable"
-  "$venv/bin/pip" install -q --no-deps --no-build-isolation \
+  quiet "$venv/bin/pip" install -q --no-deps --no-build-isolation \
     -e "$root/libs/quant" -e "$root/libs/partition" -e "$root/libs/layout" \
     -e "$root/libs/gridsampler" -e "$root/apps/exporter"
   # Nothing must have pulled a CUDA build of torch.

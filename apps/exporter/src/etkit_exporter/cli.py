@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import warnings
 from collections.abc import Sequence
 
 from etkit_exporter import doctor
@@ -31,9 +33,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_third_party_noise() -> None:
+    """Silences what torch and torchao print on import (their optional CUDA kernels failing to
+    load on a CPU machine, deprecation notices), which would bury the command's own output."""
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``etkit``; returns the exit status."""
     args = _parser().parse_args(argv)
+    quiet_third_party_noise()
     if args.command == "doctor":
         results = doctor.run_checks(args.only)
         doctor.print_results(results, sys.stdout)

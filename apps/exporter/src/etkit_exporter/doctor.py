@@ -6,6 +6,7 @@ One check per component; each says what it found, or what is wrong and how to fi
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -101,7 +102,11 @@ def check_model_converter() -> str:
             f"{path} --version failed: {(done.stderr or done.stdout).strip()[-300:]}",
             "pip install ai-ml-sdk-model-converter==0.11.0 (0.10.0 needs glibc 2.38)",
         )
-    return f"{_first_line(done.stdout)} ({path})"
+    try:
+        version = json.loads(done.stdout)["version"]
+    except (ValueError, KeyError, TypeError):
+        version = _first_line(done.stdout)
+    return f"{version} ({path})"
 
 
 def _first_line(text: str) -> str:

@@ -1,0 +1,289 @@
+"""BoundaryQuantizer on real exported graphs, with the Arm VgfQuantizer and executorch's
+XNNPACKQuantizer as bases."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+from executorch.backends.arm.quantizer import VgfQuantizer, get_symmetric_quantization_config
+from executorch.backends.arm.vgf import VgfCompileSpec
+from quant_models import (
+    ChainedSamplers,
+    FlowWarp,
+    GridFromInput,
+    ManyInputsOutputs,
+    NoGridSampler,
+    SharedProducer,
+    SpatialTransformer,
+    TwoSamplersOneImage,
+    call_nodes,
+    f32,
+    float_region,
+    grid_sample_nodes,
+    qparams_of,
+    rand,
+)
+from torch.fx import GraphModule, Node
+from torchao.quantization.pt2e.quantizer import QuantizationSpec
+
+from etkit_quant import (
+    BoundaryQuantizer,
+    fixed_qparams,
+    is_dequantize,
+    is_quantize,
+    qformat,
+    quantize,
+    snorm8,
+    snorm16,
+    unorm8,
+)
+
+SNORM8 = (f32(1 / 127), 0, -127, 127, torch.int8)
+SNORM16 = (f32(1 / 32767), 0, -32767, 32767, torch.int16)
+
+
+def vgf_base() -> VgfQuantizer:
+    quantizer = VgfQuantizer(VgfCompileSpec())
+    quantizer.set_global(get_symmetric_quantization_config())
+    return quantizer
+
+
+def expected(qspec: QuantizationSpec) -> tuple[float, int, int, int, torch.dtype]:
+    p = fixed_qparams(qspec)
+    return f32(p.scale), p.zero_point, p.quant_min, p.quant_max, p.dtype
+
+
+def run(
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    input_qspecs: Sequence[QuantizationSpec | None],
+    output_qspecs: Sequence[QuantizationSpec | None],
+    **kwargs: object,
+) -> GraphModule:
+    quantizer = BoundaryQuantizer(
+        vgf_base(), input_qspecs=input_qspecs, output_qspecs=output_qspecs, **kwargs
+    )
+    return quantize(model.eval(), inputs, quantizer)
+
+
+def assert_grid_samplers_quantized(gm: GraphModule, output: tuple[object, ...] = SNORM8) -> None:
+    samplers = grid_sample_nodes(gm)
+    assert samplers
+    for sampler in samplers:
+        image, grid = sampler.args[0], sampler.args[1]
+        assert isinstance(image, Node) and isinstance(grid, Node)
+        assert is_dequantize(grid) and qparams_of(grid) == SNORM16, sampler.name
+        grid_quantize = grid.args[0]
+        assert isinstance(grid_quantize, Node) and is_quantize(grid_quantize)
+        assert qparams_of(grid_quantize) == SNORM16
+        assert is_dequantize(image) and qparams_of(image) == SNORM8, sampler.name
+        (out,) = sampler.users
+        assert is_quantize(out) and qparams_of(out) == output
+        # grid positions: computed in float, quantized once, at the grid sampler
+        producer = grid_quantize.args[0]
+        assert isinstance(producer, Node)
+        if producer.op == "call_function":
+            region = float_region(producer)
+            assert not [n.name for n in region if is_quantize(n)], sampler.name
+
+
+def assert_boundaries(
+    gm: GraphModule,
+    input_qspecs: Sequence[QuantizationSpec | None],
+    output_qspecs: Sequence[QuantizationSpec | None],
+) -> None:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder" and n.users]
+    for node, qspec in zip(placeholders, input_qspecs, strict=True):
+        quantizes = [u for u in node.users if is_quantize(u)]
+        if qspec is None:
+            assert not quantizes or all(qparams_of(q)[0] != 0 for q in quantizes)
+            continue
+        assert len(quantizes) == len(node.users) == 1, node.name
+        assert qparams_of(quantizes[0]) == expected(qspec), node.name
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    results = list(output_node.args[0])  # type: ignore[arg-type]
+    for k, (node, qspec) in enumerate(zip(results, output_qspecs, strict=True)):
+        if qspec is None:
+            assert not is_dequantize(node), f"output {k} should be float"
+            continue
+        assert is_dequantize(node) and qparams_of(node) == expected(qspec), f"output {k}"
+        assert qparams_of(node.args[0]) == expected(qspec)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("channels", [3, 4])
+def test_grid_from_model_input(channels: int) -> None:
+    ins, outs = (snorm8(), snorm16()), (snorm8(),)
+    gm = run(GridFromInput(channels), (rand(1, channels, 8, 8), rand(1, 6, 5, 2)), ins, outs)
+    assert_grid_samplers_quantized(gm)
+    assert_boundaries(gm, ins, outs)
+
+
+def test_grid_computed_from_pixel_grid_and_flow() -> None:
+    ins, outs = (snorm8(), snorm8()), (snorm8(),)
+    gm = run(FlowWarp(), (rand(1, 3, 16, 16), rand(1, 3, 16, 16)), ins, outs)
+    assert_grid_samplers_quantized(gm)
+    assert_boundaries(gm, ins, outs)
+    # the flow conv's only use is the grid: it runs in float (no int8 weights near it)
+    (sampler,) = grid_sample_nodes(gm)
+    region = float_region(sampler.args[1].args[0].args[0])  # type: ignore[union-attr]
+    assert any("conv" in n.name for n in region)
+
+
+def test_affine_grid_spatial_transformer() -> None:
+    gm = run(SpatialTransformer(), (rand(2, 4, 12, 12),), (snorm8(),), (snorm8(),))
+    assert_grid_samplers_quantized(gm)
+    assert_boundaries(gm, (snorm8(),), (snorm8(),))
+
+
+def test_one_image_two_grid_samplers() -> None:
+    ins = (snorm8(), snorm16(), snorm16())
+    gm = run(
+        TwoSamplersOneImage(), (rand(1, 4, 8, 8), rand(1, 4, 4, 2), rand(1, 4, 4, 2)), ins, (None,)
+    )
+    assert len(grid_sample_nodes(gm)) == 2
+    assert_grid_samplers_quantized(gm)
+    assert_boundaries(gm, ins, (None,))
+
+
+def test_two_grid_samplers_chained() -> None:
+    ins, outs = (snorm8(), snorm16(), None), (snorm8(),)
+    gm = run(ChainedSamplers(), (rand(1, 3, 8, 8), rand(1, 6, 6, 2), rand(1, 5, 5, 2)), ins, outs)
+    first, second = grid_sample_nodes(gm)
+    assert_grid_samplers_quantized(gm)
+    assert_boundaries(gm, ins, outs)
+    # the second sampler's image is the first one's output, requantized nowhere in between
+    assert second.args[0].args[0] is next(iter(first.users))  # type: ignore[union-attr]
+
+
+def test_shared_producer_stays_quantized() -> None:
+    outs = (snorm8(), snorm8())
+    gm = run(SharedProducer(), (rand(1, 3, 8, 8),), (snorm8(),), outs)
+    assert_grid_samplers_quantized(gm)
+    assert_boundaries(gm, (snorm8(),), outs)
+    # the flow conv also feeds the head conv: its output keeps the base's int8 annotation
+    (flow_conv,) = [n for n in call_nodes(gm, lambda n: "conv" in n.name) if n.name == "conv2d"]
+    (quantize,) = [u for u in flow_conv.users if is_quantize(u)]
+    scale, _, quant_min, _, dtype = qparams_of(quantize)
+    assert dtype == torch.int8 and quant_min == -128 and scale != SNORM8[0]
+
+
+def test_no_grid_sampler() -> None:
+    gm = run(NoGridSampler(), (rand(1, 3, 8, 8),), (snorm8(),), (snorm8(),))
+    assert not grid_sample_nodes(gm)
+    assert_boundaries(gm, (snorm8(),), (snorm8(),))
+
+
+@pytest.mark.parametrize(
+    ("ins", "outs"),
+    [
+        ((snorm8(), None, unorm8()), (qformat(5), None, snorm8())),
+        ((None, None, None), (snorm8(), snorm8(), None)),
+        ((unorm8(), snorm8(), snorm8()), (None, None, None)),
+    ],
+)
+def test_several_inputs_and_outputs_with_a_mix(
+    ins: tuple[QuantizationSpec | None, ...], outs: tuple[QuantizationSpec | None, ...]
+) -> None:
+    inputs = (rand(1, 3, 4, 4, low=0), rand(1, 3, 4, 4), rand(1, 3, 4, 4, low=0))
+    gm = run(ManyInputsOutputs(), inputs, ins, outs)
+    assert_boundaries(gm, ins, outs)
+
+
+def test_float_grid_sampler_output_and_float_grid() -> None:
+    gm = run(
+        GridFromInput(3),
+        (rand(1, 3, 8, 8), rand(1, 6, 5, 2)),
+        (snorm8(), None),
+        (snorm8(),),
+        grid_sampler_grid_qspec=None,
+        grid_sampler_output_qspec=None,
+    )
+    (sampler,) = grid_sample_nodes(gm)
+    assert not is_dequantize(sampler.args[1])  # type: ignore[arg-type]
+    # the sampler writes float; the conv after it quantizes its own input, with observed params
+    assert all(qparams_of(u) != SNORM8 for u in sampler.users if is_quantize(u))
+
+
+def test_converted_graph_matches_float_model_closely() -> None:
+    model = FlowWarp().eval()
+    inputs = (rand(1, 3, 16, 16), rand(1, 3, 16, 16))
+    gm = run(model, inputs, (snorm8(), snorm8()), (snorm8(),))
+    error = (gm(*inputs) - model(*inputs)).abs().max().item()
+    assert error < 0.1, error
+
+
+# -- XNNPACK as base --------------------------------------------------------------------------
+
+
+def test_xnnpack_base() -> None:
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+    )
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        get_symmetric_quantization_config as xnnpack_config,
+    )
+
+    base = XNNPACKQuantizer().set_global(xnnpack_config())
+    quantizer = BoundaryQuantizer(base, input_qspecs=(snorm8(),), output_qspecs=(snorm8(),))
+    model = NoGridSampler().eval()
+    inputs = (rand(1, 3, 8, 8),)
+    gm = quantize(model, inputs, quantizer)
+    assert_boundaries(gm, (snorm8(),), (snorm8(),))
+    flow_quantizer = BoundaryQuantizer(
+        XNNPACKQuantizer().set_global(xnnpack_config()),
+        input_qspecs=(snorm8(), snorm8()),
+        output_qspecs=(snorm8(),),
+    )
+    flow_gm = quantize(FlowWarp().eval(), (rand(1, 3, 8, 8), rand(1, 3, 8, 8)), flow_quantizer)
+    assert_grid_samplers_quantized(flow_gm)
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def test_wrong_counts_name_both() -> None:
+    quantizer = BoundaryQuantizer(vgf_base(), input_qspecs=(snorm8(),), output_qspecs=(snorm8(),))
+    with pytest.raises(ValueError, match="input_qspecs has 1 entries but the model has 2 user"):
+        quantize(FlowWarp().eval(), (rand(1, 3, 8, 8), rand(1, 3, 8, 8)), quantizer)
+    quantizer = BoundaryQuantizer(
+        vgf_base(), input_qspecs=(snorm8(),), output_qspecs=(snorm8(), snorm8())
+    )
+    with pytest.raises(ValueError, match="output_qspecs has 2 entries but the model has 1 out"):
+        quantize(NoGridSampler().eval(), (rand(1, 3, 8, 8),), quantizer)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(TypeError, match="base must be a torchao PT2E Quantizer"):
+        BoundaryQuantizer(object(), input_qspecs=(), output_qspecs=())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"input_qspecs\[0\] must be a torchao QuantizationSpec"):
+        BoundaryQuantizer(vgf_base(), input_qspecs=("snorm8",), output_qspecs=())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="grid_sampler_grid_qspec must be"):
+        BoundaryQuantizer(
+            vgf_base(),
+            input_qspecs=(),
+            output_qspecs=(),
+            grid_sampler_grid_qspec=1 / 32767,  # type: ignore[arg-type]
+        )
+    with pytest.raises(TypeError, match="must be a sequence of qspecs"):
+        BoundaryQuantizer(vgf_base(), input_qspecs=snorm8(), output_qspecs=())  # type: ignore[arg-type]
+    dynamic = QuantizationSpec(
+        dtype=torch.int8,
+        observer_or_fake_quant_ctr=snorm8().observer_or_fake_quant_ctr,
+        is_dynamic=True,
+    )
+    with pytest.raises(ValueError, match=r"output_qspecs\[0\] is dynamic"):
+        BoundaryQuantizer(vgf_base(), input_qspecs=(), output_qspecs=(dynamic,))
+
+
+def test_quantize_bad_arguments() -> None:
+    quantizer = BoundaryQuantizer(vgf_base(), input_qspecs=(snorm8(),), output_qspecs=(snorm8(),))
+    with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module"):
+        quantize(lambda x: x, (rand(1, 3, 8, 8),), quantizer)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="example_inputs must be a tuple"):
+        quantize(NoGridSampler(), [rand(1, 3, 8, 8)], quantizer)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"example_inputs\[0\] must be a torch.Tensor"):
+        quantize(NoGridSampler(), (3.0,), quantizer)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="quantizer must be a torchao PT2E Quantizer"):
+        quantize(NoGridSampler(), (rand(1, 3, 8, 8),), "vgf")  # type: ignore[arg-type]
