@@ -4,6 +4,7 @@
 
 #include "delegate_format.h"
 #include "grid_sample.h"
+#include "quantized.h"
 
 namespace {
 
@@ -33,6 +34,101 @@ extern "C" int etkit_gridsampler_grid_sample_f32(
                   make_view(grid, grid_sizes, grid_strides),
                   make_view(output, output_sizes, output_strides),
                   {static_cast<Mode>(mode), static_cast<Padding>(padding), align_corners != 0});
+  return 0;
+}
+
+namespace {
+
+using etkit::gridsampler::QuantizedPlan;
+using etkit::gridsampler::QuantParams;
+
+QuantParams to_quant_params(const EtkitQParams* q) {
+  return q == nullptr ? QuantParams{1.0, 0, 0, 0}
+                      : QuantParams{q->scale, q->zero_point, q->quant_min, q->quant_max};
+}
+
+const char* make_plan(int mode, int padding, int align_corners, const EtkitQParams* image_q,
+                      const EtkitQParams* grid_q, int grid_is_int8, const EtkitQParams* output_q,
+                      int64_t height, int64_t width, QuantizedPlan* plan) {
+  using namespace etkit::gridsampler;
+  if (mode < 0 || mode > 1 || padding < 0 || padding > 2 || image_q == nullptr ||
+      grid_q == nullptr) {
+    return "invalid mode, padding or quantization parameters";
+  }
+  return plan_quantized(
+      {static_cast<Mode>(mode), static_cast<Padding>(padding), align_corners != 0},
+      to_quant_params(image_q), to_quant_params(grid_q),
+      grid_is_int8 ? GridType::kInt8 : GridType::kInt16, output_q == nullptr,
+      to_quant_params(output_q), height, width, plan);
+}
+
+template <typename GridT>
+void run_quantized(const int8_t* image, const int64_t* image_sizes, const int64_t* image_strides,
+                   const void* grid, const int64_t* grid_sizes, const int64_t* grid_strides,
+                   void* output, const int64_t* output_strides, const QuantizedPlan& plan,
+                   int num_threads) {
+  using namespace etkit::gridsampler;
+  const int64_t output_sizes[4] = {image_sizes[0], image_sizes[1], grid_sizes[1], grid_sizes[2]};
+  const auto image_view = make_view(image, image_sizes, image_strides);
+  const auto grid_view = make_view(static_cast<const GridT*>(grid), grid_sizes, grid_strides);
+  if (plan.float_output) {
+    grid_sample_quantized_parallel(
+        image_view, grid_view,
+        make_view(static_cast<float*>(output), output_sizes, output_strides), plan, num_threads);
+  } else {
+    grid_sample_quantized_parallel(
+        image_view, grid_view,
+        make_view(static_cast<int8_t*>(output), output_sizes, output_strides), plan, num_threads);
+  }
+}
+
+}  // namespace
+
+extern "C" int etkit_gridsampler_grid_sample_q(
+    const int8_t* image, const int64_t* image_sizes, const int64_t* image_strides,
+    const void* grid, int grid_is_int8, const int64_t* grid_sizes, const int64_t* grid_strides,
+    void* output, const int64_t* output_strides, int mode, int padding, int align_corners,
+    const EtkitQParams* image_q, const EtkitQParams* grid_q, const EtkitQParams* output_q,
+    int num_threads, const char** error) {
+  if (grid_sizes[3] != 2 || grid_sizes[0] != image_sizes[0]) {
+    *error = "grid must be N x Ho x Wo x 2 with the image's N";
+    return 1;
+  }
+  QuantizedPlan plan;
+  if ((*error = make_plan(mode, padding, align_corners, image_q, grid_q, grid_is_int8, output_q,
+                          image_sizes[2], image_sizes[3], &plan)) != nullptr) {
+    return 1;
+  }
+  if (grid_is_int8) {
+    run_quantized<int8_t>(image, image_sizes, image_strides, grid, grid_sizes, grid_strides,
+                          output, output_strides, plan, num_threads);
+  } else {
+    run_quantized<int16_t>(image, image_sizes, image_strides, grid, grid_sizes, grid_strides,
+                           output, output_strides, plan, num_threads);
+  }
+  return 0;
+}
+
+extern "C" int etkit_gridsampler_plan(int mode, int padding, int align_corners,
+                                      const EtkitQParams* image_q, const EtkitQParams* grid_q,
+                                      int grid_is_int8, const EtkitQParams* output_q,
+                                      int64_t height, int64_t width, int64_t* values,
+                                      float* float_output_scale, const char** error) {
+  QuantizedPlan plan;
+  if ((*error = make_plan(mode, padding, align_corners, image_q, grid_q, grid_is_int8, output_q,
+                          height, width, &plan)) != nullptr) {
+    return 1;
+  }
+  const int64_t flat[16] = {plan.x.multiplier,  plan.x.shift,        plan.x.offset,
+                            plan.x.size,        plan.y.multiplier,  plan.y.shift,
+                            plan.y.offset,      plan.y.size,        plan.grid_zero_point,
+                            plan.image_zero_point, plan.output_zero_point, plan.output_min,
+                            plan.output_max,    plan.requant_multiplier, plan.requant_shift,
+                            plan.float_output ? 1 : 0};
+  for (int i = 0; i < 16; ++i) {
+    values[i] = flat[i];
+  }
+  *float_output_scale = plan.float_output_scale;
   return 0;
 }
 

@@ -19,6 +19,36 @@ int etkit_gridsampler_grid_sample_f32(const float* image, const int64_t* image_s
                                       float* output, const int64_t* output_strides, int mode,
                                       int padding, int align_corners);
 
+// Per-tensor quantization parameters; scale is a float32 value.
+typedef struct {
+  double scale;
+  int32_t zero_point;
+  int32_t quant_min;
+  int32_t quant_max;
+} EtkitQParams;
+
+// The integer grid sampler (docs/contract.md): int8 image, int16 (grid_is_int8 = 0) or int8
+// grid, int8 output (output_q) or float32 output (output_q = NULL). Returns 0, or 1 with *error
+// saying why the configuration is outside the contract.
+int etkit_gridsampler_grid_sample_q(const int8_t* image, const int64_t* image_sizes,
+                                    const int64_t* image_strides, const void* grid,
+                                    int grid_is_int8, const int64_t* grid_sizes,
+                                    const int64_t* grid_strides, void* output,
+                                    const int64_t* output_strides, int mode, int padding,
+                                    int align_corners, const EtkitQParams* image_q,
+                                    const EtkitQParams* grid_q, const EtkitQParams* output_q,
+                                    int num_threads, const char** error);
+
+// The derived constants of the integer contract, for the Vulkan kernel's push constants:
+// plan[0..15] = x.multiplier, x.shift, x.offset, x.size, y.multiplier, y.shift, y.offset, y.size,
+// grid zero point, image zero point, output zero point, output min, output max,
+// requant multiplier, requant shift, float output (0/1); *float_output_scale.
+// Returns 0, or 1 with *error set.
+int etkit_gridsampler_plan(int mode, int padding, int align_corners, const EtkitQParams* image_q,
+                           const EtkitQParams* grid_q, int grid_is_int8,
+                           const EtkitQParams* output_q, int64_t height, int64_t width,
+                           int64_t* plan, float* float_output_scale, const char** error);
+
 // Validates a delegate blob as the runtime does at init: 0 if valid, else 1 with *error set.
 int etkit_gridsampler_validate_blob(const void* data, uint64_t size, const char** error);
 }

@@ -7,6 +7,17 @@ import importlib.util
 from functools import cache
 
 
+class CQParams(ctypes.Structure):
+    """``EtkitQParams`` of native_api.h."""
+
+    _fields_ = [
+        ("scale", ctypes.c_double),
+        ("zero_point", ctypes.c_int32),
+        ("quant_min", ctypes.c_int32),
+        ("quant_max", ctypes.c_int32),
+    ]
+
+
 class NativeLibraryError(RuntimeError):
     """The native library is missing (the package was not built) or could not be loaded."""
 
@@ -37,6 +48,21 @@ def native_library() -> ctypes.CDLL:
         ctypes.c_void_p, i64p, i64p,
         ctypes.c_void_p, i64p,
         ctypes.c_int, ctypes.c_int, ctypes.c_int,
+    ]  # fmt: skip
+    qp = ctypes.POINTER(CQParams)
+    errp = ctypes.POINTER(ctypes.c_char_p)
+    library.etkit_gridsampler_grid_sample_q.restype = ctypes.c_int
+    library.etkit_gridsampler_grid_sample_q.argtypes = [
+        ctypes.c_void_p, i64p, i64p,
+        ctypes.c_void_p, ctypes.c_int, i64p, i64p,
+        ctypes.c_void_p, i64p,
+        ctypes.c_int, ctypes.c_int, ctypes.c_int,
+        qp, qp, qp, ctypes.c_int, errp,
+    ]  # fmt: skip
+    library.etkit_gridsampler_plan.restype = ctypes.c_int
+    library.etkit_gridsampler_plan.argtypes = [
+        ctypes.c_int, ctypes.c_int, ctypes.c_int, qp, qp, ctypes.c_int, qp,
+        ctypes.c_int64, ctypes.c_int64, i64p, ctypes.POINTER(ctypes.c_float), errp,
     ]  # fmt: skip
     library.etkit_gridsampler_validate_blob.restype = ctypes.c_int
     library.etkit_gridsampler_validate_blob.argtypes = [

@@ -142,6 +142,9 @@ class ComputeDevice:
                 "no Vulkan device with a compute queue; install mesa-vulkan-drivers (lavapipe)"
             )
         self._physical, self._queue_family = chosen
+        supported = vk.vkGetPhysicalDeviceFeatures(self._physical)
+        self.shader_int64 = bool(supported.shaderInt64)
+        enabled = vk.VkPhysicalDeviceFeatures(shaderInt64=vk.VK_TRUE if self.shader_int64 else 0)
         queue_info = vk.VkDeviceQueueCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
             queueFamilyIndex=self._queue_family,
@@ -154,6 +157,7 @@ class ComputeDevice:
                 sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
                 queueCreateInfoCount=1,
                 pQueueCreateInfos=[queue_info],
+                pEnabledFeatures=enabled,
             ),
             None,
         )

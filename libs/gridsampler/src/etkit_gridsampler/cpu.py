@@ -8,6 +8,7 @@ import torch
 
 from etkit_gridsampler._library import native_library
 from etkit_gridsampler.op import MODE_CODES, PADDING_CODES, GridSampleOp
+from etkit_gridsampler.plan import UnsupportedOpError, c_qparams, unsupported_reason
 
 
 def _int64_array(values: tuple[int, ...] | torch.Size) -> ctypes.Array[ctypes.c_int64]:
@@ -25,42 +26,83 @@ def check_inputs(image: torch.Tensor, grid: torch.Tensor) -> None:
             f"image and grid must have the same batch size, got {image.shape[0]} and "
             f"{grid.shape[0]}"
         )
+    if min(image.shape) < 1 or min(grid.shape) < 1:
+        raise ValueError(f"empty image {tuple(image.shape)} or grid {tuple(grid.shape)}")
 
 
-def grid_sample(image: torch.Tensor, grid: torch.Tensor, op: GridSampleOp) -> torch.Tensor:
-    """Samples ``image`` (N x C x H x W, contiguous or channels-last) at ``grid`` (N x Ho x Wo x 2)
-    as ``op`` says. The output has the image's memory format.
-
-    This build implements float32 images and grids (``op.is_float``); quantized operands raise
-    ``NotImplementedError``."""
-    check_inputs(image, grid)
-    if not op.is_float:
-        raise NotImplementedError("the integer grid sampler is not implemented yet")
-    if image.dtype != torch.float32 or grid.dtype != torch.float32:
+def check_dtypes(image: torch.Tensor, grid: torch.Tensor, op: GridSampleOp) -> torch.dtype:
+    """Raises ``ValueError`` when the tensors' dtypes are not the ones ``op`` quantizes to, or
+    ``UnsupportedOpError`` when ``op`` is outside the contract. Returns the output dtype."""
+    if op.is_float:
+        if image.dtype != torch.float32 or grid.dtype != torch.float32:
+            raise ValueError(
+                f"a float GridSampleOp needs float32 image and grid, got {image.dtype} and "
+                f"{grid.dtype}"
+            )
+        return torch.float32
+    reason = unsupported_reason(op, image.shape[2], image.shape[3])
+    if reason is not None:
+        raise UnsupportedOpError(reason)
+    assert op.image is not None and op.grid is not None
+    if image.dtype != op.image.dtype or grid.dtype != op.grid.dtype:
         raise ValueError(
-            f"a float GridSampleOp needs float32 image and grid, got {image.dtype} and {grid.dtype}"
+            f"op quantizes the image to {op.image.dtype} and the grid to {op.grid.dtype}; got "
+            f"{image.dtype} and {grid.dtype}"
         )
+    return torch.float32 if op.output is None else op.output.dtype
+
+
+def _output_like(image: torch.Tensor, grid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     channels_last = image.is_contiguous(memory_format=torch.channels_last) and not (
         image.is_contiguous()
     )
-    output = torch.empty(
+    return torch.empty(
         (image.shape[0], image.shape[1], grid.shape[1], grid.shape[2]),
-        dtype=torch.float32,
+        dtype=dtype,
         memory_format=torch.channels_last if channels_last else torch.contiguous_format,
     )
-    status = native_library().etkit_gridsampler_grid_sample_f32(
-        image.data_ptr(),
-        _int64_array(image.shape),
-        _int64_array(image.stride()),
-        grid.data_ptr(),
-        _int64_array(grid.shape),
+
+
+def grid_sample(
+    image: torch.Tensor, grid: torch.Tensor, op: GridSampleOp, *, num_threads: int = 0
+) -> torch.Tensor:
+    """Samples ``image`` (N x C x H x W, contiguous or channels-last) at ``grid`` (N x Ho x Wo x 2)
+    as ``op`` says; the output has the image's memory format.
+
+    Float ``op``: float32 tensors, within 1e-5 of PyTorch. Quantized ``op``: an int8 image, an
+    int16 or int8 grid (the dtypes of ``op.image`` and ``op.grid``), int8 output when
+    ``op.output`` is set, float32 otherwise, by the integer contract of docs/contract.md.
+    ``num_threads``: 0 for all hardware threads (the integer kernel; the float one uses one).
+
+    Raises ``ValueError`` for shapes or dtypes that do not fit, ``UnsupportedOpError`` (a
+    ``ValueError``) for a configuration outside the contract."""
+    check_inputs(image, grid)
+    output_dtype = check_dtypes(image, grid, op)
+    output = _output_like(image, grid, output_dtype)
+    library = native_library()
+    if op.is_float:
+        status = library.etkit_gridsampler_grid_sample_f32(
+            image.data_ptr(), _int64_array(image.shape), _int64_array(image.stride()),
+            grid.data_ptr(), _int64_array(grid.shape), _int64_array(grid.stride()),
+            output.data_ptr(), _int64_array(output.stride()),
+            MODE_CODES[op.mode], PADDING_CODES[op.padding_mode], int(op.align_corners),
+        )  # fmt: skip
+        if status != 0:
+            raise ValueError(f"the native kernel rejected the arguments of {op}")
+        return output
+    image_q, grid_q, output_q = (c_qparams(q) for q in (op.image, op.grid, op.output))
+    error = ctypes.c_char_p()
+    status = library.etkit_gridsampler_grid_sample_q(
+        image.data_ptr(), _int64_array(image.shape), _int64_array(image.stride()),
+        grid.data_ptr(), int(grid.dtype == torch.int8), _int64_array(grid.shape),
         _int64_array(grid.stride()),
-        output.data_ptr(),
-        _int64_array(output.stride()),
-        MODE_CODES[op.mode],
-        PADDING_CODES[op.padding_mode],
-        int(op.align_corners),
-    )
+        output.data_ptr(), _int64_array(output.stride()),
+        MODE_CODES[op.mode], PADDING_CODES[op.padding_mode], int(op.align_corners),
+        ctypes.byref(image_q) if image_q else None,
+        ctypes.byref(grid_q) if grid_q else None,
+        ctypes.byref(output_q) if output_q else None,
+        num_threads, ctypes.byref(error),
+    )  # fmt: skip
     if status != 0:
-        raise ValueError(f"the native kernel rejected the arguments of {op}")
+        raise UnsupportedOpError(error.value.decode() if error.value else "unsupported op")
     return output

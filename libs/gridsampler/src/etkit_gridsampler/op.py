@@ -3,9 +3,11 @@ image, grid and output. Values, not behaviour: frozen, comparable, hashable."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Final, Literal
 
+import numpy as np
 import torch
 
 Mode = Literal["bilinear", "nearest"]
@@ -25,7 +27,9 @@ _DTYPE_RANGES: Final[dict[torch.dtype, tuple[int, int]]] = {
 @dataclass(frozen=True)
 class QParams:
     """Per-tensor affine quantization: ``value = (q - zero_point) * scale``, ``q`` in
-    ``[quant_min, quant_max]`` of ``dtype``."""
+    ``[quant_min, quant_max]`` of ``dtype``. The scale is rounded to float32 on construction, as
+    PT2E and ExecuTorch's quantized operators hold it; every kernel and the reference use that
+    value."""
 
     scale: float
     zero_point: int
@@ -34,9 +38,10 @@ class QParams:
     dtype: torch.dtype
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "scale", float(np.float32(self.scale)))
         if self.dtype not in _DTYPE_RANGES:
             raise ValueError(f"QParams dtype must be torch.int8, int16 or uint8, got {self.dtype}")
-        if not (self.scale > 0 and self.scale != float("inf")):
+        if not (self.scale > 0 and math.isfinite(self.scale)):
             raise ValueError(f"QParams scale must be positive and finite, got {self.scale}")
         low, high = _DTYPE_RANGES[self.dtype]
         if not low <= self.quant_min <= self.quant_max <= high:
@@ -75,3 +80,16 @@ class GridSampleOp:
     def is_float(self) -> bool:
         """True when image, grid and output are all float32."""
         return self.image is None and self.grid is None and self.output is None
+
+
+def dequantize(q: torch.Tensor, qparams: QParams | None) -> torch.Tensor:
+    """``q`` as float64 values (a float tensor when ``qparams`` is None)."""
+    if qparams is None:
+        return q.to(torch.float64)
+    return (q.to(torch.float64) - qparams.zero_point) * qparams.scale
+
+
+def quantize(values: torch.Tensor, qparams: QParams) -> torch.Tensor:
+    """Rounds (half to even, as PyTorch's quantize) and clamps ``values`` to ``qparams``."""
+    q = torch.round(values.to(torch.float64) / qparams.scale) + qparams.zero_point
+    return q.clamp(qparams.quant_min, qparams.quant_max).to(qparams.dtype)

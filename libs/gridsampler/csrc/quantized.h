@@ -1,0 +1,67 @@
+// The integer grid sampler: the fixed-point contract of docs/contract.md, step by step.
+// shaders/grid_sample.comp implements the same steps, in the same order, with the same names.
+#pragma once
+
+#include <cstdint>
+
+#include "grid_sample.h"
+
+namespace etkit::gridsampler {
+
+constexpr int kCoordFracBits = 32;  // pixel coordinates: int64 with 32 fractional bits
+constexpr int kWeightBits = 15;     // bilinear weights: 0 .. 2^15
+constexpr double kMaxCoordinate = 16777216.0;  // |pixel coordinate| < 2^24
+constexpr double kMaxRequantRatio = 64.0;      // image scale / output scale
+
+struct QuantParams {
+  double scale;  // a float32 value
+  int32_t zero_point;
+  int32_t quant_min;
+  int32_t quant_max;
+};
+
+enum class GridType : uint8_t { kInt16 = 0, kInt8 = 1 };
+
+// unnormalize, for one axis: P = round(d * multiplier * 2^-shift) + offset (shift <= 0: exact
+// left shift), where d = q_grid - grid_zero_point.
+struct AxisPlan {
+  int64_t multiplier;
+  int64_t shift;
+  int64_t offset;
+  int64_t size;
+};
+
+// Everything the kernels need, derived once from the op and the shapes (plan_quantized).
+struct QuantizedPlan {
+  SampleParams params;
+  AxisPlan x, y;
+  int64_t grid_zero_point;
+  int64_t image_zero_point;
+  int64_t output_zero_point, output_min, output_max;
+  int64_t requant_multiplier;  // image scale / output scale = multiplier * 2^-(shift - 15)
+  int64_t requant_shift;
+  float float_output_scale;  // image scale * 2^-15, for float output
+  bool float_output;
+};
+
+// Derives the plan. Returns nullptr, or a static message saying why the configuration is outside
+// the contract. `output` is ignored when `float_output`.
+const char* plan_quantized(const SampleParams& params, const QuantParams& image,
+                           const QuantParams& grid, GridType grid_type, bool float_output,
+                           const QuantParams& output, int64_t height, int64_t width,
+                           QuantizedPlan* plan);
+
+// int8 image, int16/int8 grid, int8 or float32 output; rows [row_begin, row_end) of the N * Ho
+// output rows. Strided views: any dim order.
+template <typename GridT, typename OutT>
+void grid_sample_quantized(const View4<const int8_t>& image, const View4<const GridT>& grid,
+                           const View4<OutT>& output, const QuantizedPlan& plan,
+                           int64_t row_begin, int64_t row_end);
+
+// The whole output, on `num_threads` threads (0: all hardware threads).
+template <typename GridT, typename OutT>
+void grid_sample_quantized_parallel(const View4<const int8_t>& image,
+                                    const View4<const GridT>& grid, const View4<OutT>& output,
+                                    const QuantizedPlan& plan, int num_threads);
+
+}  // namespace etkit::gridsampler
