@@ -153,7 +153,7 @@ const char* plan_quantized(const SampleParams& params, const QuantParams& image,
     const double ratio = static_cast<double>(static_cast<float>(image.scale)) /
                          static_cast<double>(static_cast<float>(output.scale));
     if (!(ratio <= kMaxRequantRatio)) {
-      return "image scale / output scale exceeds 64";
+      return "image scale / output scale exceeds 32";
     }
     int e = 0;
     const double f = std::frexp(ratio, &e);  // ratio = f * 2^e, f in [0.5, 1)
@@ -166,7 +166,7 @@ const char* plan_quantized(const SampleParams& params, const QuantParams& image,
     plan->requant_multiplier = multiplier;
     plan->requant_shift = std::min<int64_t>(31 - e + kWeightBits, 62);
     if (plan->requant_shift < 1) {
-      return "image scale / output scale exceeds 64";
+      return "image scale / output scale exceeds 32";
     }
   }
   return nullptr;
@@ -176,25 +176,42 @@ template <typename GridT, typename OutT>
 void grid_sample_quantized(const View4<const int8_t>& image, const View4<const GridT>& grid,
                            const View4<OutT>& output, const QuantizedPlan& plan,
                            int64_t row_begin, int64_t row_end) {
+  // Everything in locals: the int8 stores below may alias any memory, so the compiler would
+  // otherwise reload each field of the plan and the views after every store.
+  const QuantizedPlan p = plan;
+  const Padding padding = p.params.padding;
+  const bool align_corners = p.params.align_corners, nearest = p.params.mode == Mode::kNearest;
   const int64_t channels = image.sizes[1], height = image.sizes[2], width = image.sizes[3];
   const int64_t out_height = grid.sizes[1], out_width = grid.sizes[2];
-  const SampleParams& params = plan.params;
-  const int64_t zero = plan.image_zero_point;
+  const int8_t* __restrict__ const image_data = image.data;
+  const int64_t image_n = image.strides[0], image_c = image.strides[1];
+  const int64_t image_y = image.strides[2], image_x = image.strides[3];
+  const GridT* const grid_data = grid.data;
+  const int64_t grid_n = grid.strides[0], grid_y = grid.strides[1];
+  const int64_t grid_x = grid.strides[2], grid_axis = grid.strides[3];
+  OutT* __restrict__ const output_data = output.data;
+  const int64_t output_n = output.strides[0], output_c = output.strides[1];
+  const int64_t output_y = output.strides[2], output_x = output.strides[3];
+  const int64_t zero = p.image_zero_point, grid_zero = p.grid_zero_point;
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t n = row / out_height, oy = row % out_height;
+    const GridT* const grid_row = grid_data + n * grid_n + oy * grid_y;
+    const int8_t* const image_plane = image_data + n * image_n;
+    OutT* __restrict__ const output_row = output_data + n * output_n + oy * output_y;
     for (int64_t ox = 0; ox < out_width; ++ox) {
-      const int64_t x = apply_padding(
-          unnormalize(grid.at(n, oy, ox, 0), plan.grid_zero_point, plan.x), width,
-          params.padding, params.align_corners);
-      const int64_t y = apply_padding(
-          unnormalize(grid.at(n, oy, ox, 1), plan.grid_zero_point, plan.y), height,
-          params.padding, params.align_corners);
-      if (params.mode == Mode::kNearest) {
+      const GridT* const grid_point = grid_row + ox * grid_x;
+      OutT* __restrict__ const out = output_row + ox * output_x;
+      const int64_t x = apply_padding(unnormalize(grid_point[0], grid_zero, p.x), width, padding,
+                                      align_corners);
+      const int64_t y = apply_padding(unnormalize(grid_point[grid_axis], grid_zero, p.y), height,
+                                      padding, align_corners);
+      if (nearest) {
         const int64_t sx = round_half_even(x), sy = round_half_even(y);
         const bool valid = sx >= 0 && sx < width && sy >= 0 && sy < height;
+        const int8_t* const source = image_plane + (valid ? sy * image_y + sx * image_x : 0);
         for (int64_t c = 0; c < channels; ++c) {
-          const int64_t v = valid ? image.at(n, c, sy, sx) - zero : 0;
-          output.at(n, c, oy, ox) = to_output<OutT>(v << kWeightBits, plan);
+          const int64_t v = valid ? source[c * image_c] - zero : 0;
+          out[c * output_c] = to_output<OutT>(v << kWeightBits, p);
         }
         continue;
       }
@@ -203,16 +220,29 @@ void grid_sample_quantized(const View4<const int8_t>& image, const View4<const G
       const int64_t wx = weight_of(x), wy = weight_of(y);
       const bool in_x0 = x0 >= 0 && x0 < width, in_x1 = x0 + 1 >= 0 && x0 + 1 < width;
       const bool in_y0 = y0 >= 0 && y0 < height, in_y1 = y0 + 1 >= 0 && y0 + 1 < height;
+      const bool in00 = in_y0 && in_x0, in01 = in_y0 && in_x1;
+      const bool in10 = in_y1 && in_x0, in11 = in_y1 && in_x1;
+      const int8_t* const tap00 = image_plane + (in00 ? y0 * image_y + x0 * image_x : 0);
+      const int8_t* const tap01 = image_plane + (in01 ? y0 * image_y + (x0 + 1) * image_x : 0);
+      const int8_t* const tap10 = image_plane + (in10 ? (y0 + 1) * image_y + x0 * image_x : 0);
+      const int8_t* const tap11 =
+          image_plane + (in11 ? (y0 + 1) * image_y + (x0 + 1) * image_x : 0);
+      // A tap outside the image reads 0: its weight is zeroed and it reads a valid address.
+      const int32_t w00 = in00 ? 1 : 0, w01 = in01 ? 1 : 0, w10 = in10 ? 1 : 0, w11 = in11 ? 1 : 0;
       for (int64_t c = 0; c < channels; ++c) {
-        // Step 4: accumulate; a tap outside the image reads 0.
-        const int64_t v00 = in_y0 && in_x0 ? image.at(n, c, y0, x0) - zero : 0;
-        const int64_t v01 = in_y0 && in_x1 ? image.at(n, c, y0, x0 + 1) - zero : 0;
-        const int64_t v10 = in_y1 && in_x0 ? image.at(n, c, y0 + 1, x0) - zero : 0;
-        const int64_t v11 = in_y1 && in_x1 ? image.at(n, c, y0 + 1, x0 + 1) - zero : 0;
-        const int64_t top = (v00 << kWeightBits) + (v01 - v00) * wx;
-        const int64_t bottom = (v10 << kWeightBits) + (v11 - v10) * wx;
-        const int64_t value = shift_round((top << kWeightBits) + (bottom - top) * wy, kWeightBits);
-        output.at(n, c, oy, ox) = to_output<OutT>(value, plan);
+        // Step 4: accumulate.
+        const int64_t offset = c * image_c;
+        const int32_t v00 = (tap00[offset] - static_cast<int32_t>(zero)) * w00;
+        const int32_t v01 = (tap01[offset] - static_cast<int32_t>(zero)) * w01;
+        const int32_t v10 = (tap10[offset] - static_cast<int32_t>(zero)) * w10;
+        const int32_t v11 = (tap11[offset] - static_cast<int32_t>(zero)) * w11;
+        // |v| <= 255, so each x-pass result fits in 32 bits; the y-pass needs 64.
+        const int32_t top = (v00 << kWeightBits) + (v01 - v00) * static_cast<int32_t>(wx);
+        const int32_t bottom = (v10 << kWeightBits) + (v11 - v10) * static_cast<int32_t>(wx);
+        const int64_t value = shift_round(
+            (static_cast<int64_t>(top) << kWeightBits) + static_cast<int64_t>(bottom - top) * wy,
+            kWeightBits);
+        out[c * output_c] = to_output<OutT>(value, p);
       }
     }
   }

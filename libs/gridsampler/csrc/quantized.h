@@ -11,7 +11,7 @@ namespace etkit::gridsampler {
 constexpr int kCoordFracBits = 32;  // pixel coordinates: int64 with 32 fractional bits
 constexpr int kWeightBits = 15;     // bilinear weights: 0 .. 2^15
 constexpr double kMaxCoordinate = 16777216.0;  // |pixel coordinate| < 2^24
-constexpr double kMaxRequantRatio = 64.0;      // image scale / output scale
+constexpr double kMaxRequantRatio = 32.0;      // image scale / output scale
 
 struct QuantParams {
   double scale;  // a float32 value

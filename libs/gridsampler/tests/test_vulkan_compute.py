@@ -52,3 +52,51 @@ def test_shader_compiled_at_test_time_gives_exact_results() -> None:
 def test_compile_error_is_reported() -> None:
     with pytest.raises(RuntimeError, match="GLSL compilation failed"):
         compile_glsl("#version 450\nvoid main() { undefined_name = 1; }\n")
+
+
+def test_grid_sampler_dispatch_is_described_by_data() -> None:
+    """What a scenario needs: bindings with their sizes, the parameter block, the group counts;
+    dispatching from that description alone gives the kernel's output."""
+    import json
+
+    import torch
+
+    from etkit_gridsampler import GridSampleOp, QParams
+    from etkit_gridsampler.vulkan import dispatch, grid_sample, spirv
+
+    op = GridSampleOp(
+        "bilinear",
+        "border",
+        False,
+        QParams(1 / 127, 0, -127, 127, torch.int8),
+        QParams(1 / 32767, 0, -32767, 32767, torch.int16),
+        QParams(1 / 127, 0, -127, 127, torch.int8),
+    )
+    generator = torch.Generator().manual_seed(5)
+    image = torch.randint(-127, 128, (1, 3, 9, 10), dtype=torch.int8, generator=generator)
+    grid = torch.randint(-32767, 32768, (1, 6, 7, 2), dtype=torch.int16, generator=generator)
+    description = dispatch((1, 3, 9, 10), (1, 6, 7, 2), op)
+    json.dumps(description.to_json())  # serializable for a scenario file
+    sizes = {name: size for _, _, name, _, size in description.bindings}
+    assert sizes == {"image": 270, "grid": 168, "output": 126, "params": 200}
+    assert len(description.params_bytes()) == sizes["params"]
+
+    def words(array: np.ndarray) -> np.ndarray:
+        raw = np.zeros(-(-max(array.nbytes, 4) // 4) * 4, np.uint8)
+        raw[: array.nbytes] = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+        return raw.view(np.uint32)
+
+    (out,) = default_device().run(
+        spirv(),
+        [
+            words(image.numpy()),
+            words(grid.numpy()),
+            np.zeros(-(-sizes["output"] // 4), np.uint32),
+            words(np.frombuffer(description.params_bytes(), np.uint8)),
+        ],
+        group_counts=description.group_counts,
+        read_back=[2],
+    )
+    expected = grid_sample(image, grid, op)
+    actual = torch.from_numpy(out.view(np.int8)[: sizes["output"]].copy()).reshape(1, 3, 6, 7)
+    assert torch.equal(actual, expected)
