@@ -1,6 +1,27 @@
-"""etkit-partition: partition tag policies and a policy partitioner wrapper for
-ExecuTorch partitioners."""
+"""etkit-partition: partition tag policies and a policy partitioner wrapper for ExecuTorch
+partitioners."""
+
+from etkit_partition.partitioner import PolicyPartitioner
+from etkit_partition.policies import (
+    DetagInputQuantize,
+    DetagOps,
+    DetagOutputDequantize,
+    PartitionPolicy,
+    repair_partitions,
+    user_input_nodes,
+    user_output_nodes,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "DetagInputQuantize",
+    "DetagOps",
+    "DetagOutputDequantize",
+    "PartitionPolicy",
+    "PolicyPartitioner",
+    "__version__",
+    "repair_partitions",
+    "user_input_nodes",
+    "user_output_nodes",
+]
