@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
     # distribution: (folder, import name, etkit dependencies)
     "etkit-quant": ("libs/quant", "etkit_quant", set()),
-    "etkit-partition": ("libs/partition", "etkit_partition", set()),
-    "etkit-layout": ("libs/layout", "etkit_layout", set()),
+    "etkit-partition": ("libs/partition", "etkit_partition", {"etkit-quant"}),
+    "etkit-layout": ("libs/layout", "etkit_layout", {"etkit-quant"}),
     "etkit-gridsampler": ("libs/gridsampler", "etkit_gridsampler", {"etkit-quant"}),
     "etkit-exporter": (
         "apps/exporter",

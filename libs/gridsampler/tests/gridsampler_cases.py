@@ -19,10 +19,7 @@ def near_tie(image: torch.Tensor, grid: torch.Tensor, op: GridSampleOp) -> torch
     mask = torch.zeros(grid.shape[:3], dtype=torch.bool)
     for axis, size in ((0, image.shape[3]), (1, image.shape[2])):
         coord = g[..., axis]
-        if op.align_corners:
-            pixel = (coord + 1) / 2 * (size - 1)
-        else:
-            pixel = ((coord + 1) * size - 1) / 2
+        pixel = (coord + 1) / 2 * (size - 1) if op.align_corners else ((coord + 1) * size - 1) / 2
         if op.padding_mode == "reflection":
             low, span = (0.0, size - 1.0) if op.align_corners else (-0.5, float(size))
             if span > 0:

@@ -10,7 +10,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassResult
 
-from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize
+from etkit_quant.graph import grid_position_nodes, is_dequantize, is_grid_sampler, is_quantize
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +39,18 @@ def _outputs(graph_module: GraphModule) -> list[Node]:
 
 
 def grid_tensors(graph_module: GraphModule) -> set[Node]:
-    """The nodes whose tensor reaches a grid sampler's grid input, directly or through any
-    chain of quantize/dequantize nodes: sampling grids, which keep their N x H x W x 2 layout."""
-    grids: set[Node] = set()
+    """Sampling grids, which keep their N x H x W x 2 layout: the nodes whose tensor reaches a
+    grid sampler's grid input directly or through any chain of quantize/dequantize nodes, and
+    the N x H x W x 2 tensors (graph inputs included) whose every use leads only into grid
+    inputs (a grid input scaled in the model, say). Images that only feed the grid computation
+    (the frames a flow network reads) are not grids."""
+    grids = {
+        n
+        for n in grid_position_nodes(graph_module, include_inputs=True)
+        if isinstance(n.meta.get("val"), torch.Tensor)
+        and n.meta["val"].dim() == 4
+        and n.meta["val"].shape[-1] == 2
+    }
     for node in graph_module.graph.nodes:
         if not is_grid_sampler(node) or len(node.args) < 2 or not isinstance(node.args[1], Node):
             continue

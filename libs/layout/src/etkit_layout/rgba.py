@@ -57,7 +57,8 @@ def pad_rgb_to_rgba(graph_module: GraphModule) -> PassResult:
         sampled = _fake(node)
         with graph.inserting_after(node):
             rgb = graph.call_function(torch.ops.aten.slice.Tensor, (node, 1, 0, 3))
-        node.replace_all_uses_with(rgb, delete_user_cb=lambda user: user is not rgb)
+        for user in [u for u in node.users if u is not rgb]:
+            user.replace_input_with(node, rgb)
         if sampled is not None:
             node.meta["val"] = _padded_output(sampled)
             rgb.meta["val"] = sampled

@@ -8,11 +8,12 @@
 - ``etkit_quant.graph``: the FX graph queries the other etkit libraries share.
 """
 
-from etkit_quant.boundary import BoundaryQuantizer, grid_position_nodes, user_inputs, user_outputs
+from etkit_quant.boundary import BoundaryQuantizer, user_inputs, user_outputs
 from etkit_quant.graph import (
     DEQUANTIZE_TARGET_NAMES,
     GRID_SAMPLER_TARGET_NAMES,
     QUANTIZE_TARGET_NAMES,
+    grid_position_nodes,
     is_dequantize,
     is_grid_sampler,
     is_quantize,

@@ -17,7 +17,7 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-from etkit_quant.graph import is_grid_sampler
+from etkit_quant.graph import grid_position_nodes, is_grid_sampler
 from etkit_quant.qspecs import snorm8, snorm16
 
 logger = logging.getLogger(__name__)
@@ -56,27 +56,6 @@ def user_outputs(model: GraphModule) -> list[Node]:
     produced: list[Node] = []
     torch.fx.node.map_arg(output.args[0], produced.append)
     return produced
-
-
-def grid_position_nodes(model: GraphModule) -> set[Node]:
-    """The grid-position subgraph: nodes all of whose uses lead, through any chain of ops, only
-    into grid samplers' grid inputs. A node that also feeds anything else is not in it."""
-    positions: set[Node] = set()
-    for node in reversed(model.graph.nodes):
-        if node.op in ("output", "placeholder", "get_attr") or not node.users:
-            continue
-        if all(_only_feeds_grid(node, user, positions) for user in node.users):
-            positions.add(node)
-    return positions
-
-
-def _only_feeds_grid(node: Node, user: Node, positions: set[Node]) -> bool:
-    if user in positions:
-        return True
-    if is_grid_sampler(user):
-        image = user.args[0]
-        return len(user.args) > 1 and user.args[1] is node and image is not node
-    return False
 
 
 class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from torch.fx import Node
+from torch.fx import GraphModule, Node
 
 QUANTIZE_TARGET_NAMES: Final = frozenset(
     {
@@ -64,3 +64,26 @@ def is_dequantize(node: Node) -> bool:
 def is_grid_sampler(node: Node) -> bool:
     """True for ``aten.grid_sampler`` and ``aten.grid_sampler_2d`` nodes (any overload)."""
     return target_name(node) in GRID_SAMPLER_TARGET_NAMES
+
+
+def grid_position_nodes(model: GraphModule, *, include_inputs: bool = False) -> set[Node]:
+    """The grid-position subgraph: nodes all of whose uses lead, through any chain of ops, only
+    into grid samplers' grid inputs. A node that also feeds anything else (or a grid sampler's
+    image) is not in it. Graph inputs are included with ``include_inputs``."""
+    skipped = ("output", "get_attr") if include_inputs else ("output", "get_attr", "placeholder")
+    positions: set[Node] = set()
+    for node in reversed(model.graph.nodes):
+        if node.op in skipped or not node.users:
+            continue
+        if all(_only_feeds_grid(node, user, positions) for user in node.users):
+            positions.add(node)
+    return positions
+
+
+def _only_feeds_grid(node: Node, user: Node, positions: set[Node]) -> bool:
+    if user in positions:
+        return True
+    if is_grid_sampler(user):
+        image = user.args[0]
+        return len(user.args) > 1 and user.args[1] is node and image is not node
+    return False
