@@ -38,14 +38,16 @@ def quiet_third_party_noise() -> None:
     load on a CPU machine, deprecation notices), which would bury the command's own output."""
     for name in ("torchao", "torch.utils._pytree"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    for name in ("torch._dynamo", "torch.export", "torch._export"):  # failures are reported once
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``etkit``; returns the exit status."""
-    args = _parser().parse_args(argv)
     quiet_third_party_noise()
+    args = _parser().parse_args(argv)
     if args.command == "doctor":
         results = doctor.run_checks(args.only)
         doctor.print_results(results, sys.stdout)

@@ -121,6 +121,7 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         )
         self.keep_grid_positions_float = keep_grid_positions_float
         self._arm_base = type(base).__module__.startswith("executorch.backends.arm")
+        self._annotations: dict[str, QuantizationAnnotation] = {}
 
     # -- the Quantizer protocol -------------------------------------------------------------
 
@@ -162,18 +163,8 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
     def validate(self, model: GraphModule) -> None:
         self.base.validate(model)
         for node in model.graph.nodes:
-            if not is_grid_sampler(node):
-                continue
-            annotation = node.meta.get(ANNOTATION_KEY)
-            image, grid = node.args[0], node.args[1]
-            if (
-                annotation is None
-                or annotation.output_qspec != self.grid_sampler_output_qspec
-                or annotation.input_qspec_map.get(grid) != self.grid_sampler_grid_qspec
-                or (
-                    image is not grid
-                    and annotation.input_qspec_map.get(image) != self.grid_sampler_image_qspec
-                )
+            if is_grid_sampler(node) and node.meta.get(ANNOTATION_KEY) is not self._annotations.get(
+                node.name
             ):
                 raise ValueError(f"grid sampler {node.name} lost its etkit annotation")
 
@@ -211,9 +202,11 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         input_map: dict[Node, QuantizationSpecBase | None] = {grid: self.grid_sampler_grid_qspec}
         if image is not grid:
             input_map[image] = self.grid_sampler_image_qspec
-        node.meta[ANNOTATION_KEY] = QuantizationAnnotation(
+        annotation = QuantizationAnnotation(
             input_qspec_map=input_map, output_qspec=self.grid_sampler_output_qspec, _annotated=True
         )
+        node.meta[ANNOTATION_KEY] = annotation
+        self._annotations[node.name] = annotation
         quantized = any(
             q is not None
             for q in (

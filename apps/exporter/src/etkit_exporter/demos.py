@@ -1,0 +1,100 @@
+"""Built-in demo models: deterministic weights from a fixed seed, no downloads. Each factory
+returns the module and example inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+DemoFactory = Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]
+
+
+def pixel_grid(height: int, width: int) -> torch.Tensor:
+    """The identity sampling grid, 1 x height x width x 2 (align_corners=True convention)."""
+    ys, xs = torch.linspace(-1, 1, height), torch.linspace(-1, 1, width)
+    grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack((grid_x, grid_y), -1).unsqueeze(0)
+
+
+class FlowWarp(torch.nn.Module):
+    """Frame interpolation's shape: two RGB frames -> a small conv net predicting flow ->
+    grid = pixel grid + flow -> frame 0 warped by grid_sample -> a refining conv -> RGB."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flow = torch.nn.Sequential(
+            torch.nn.Conv2d(6, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 2, 3, padding=1),
+        )
+        self.refine = torch.nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, frame0: torch.Tensor, frame1: torch.Tensor) -> torch.Tensor:
+        _, _, height, width = frame0.shape
+        flow = torch.tanh(self.flow(torch.cat([frame0, frame1], 1))) * 0.1
+        grid = pixel_grid(height, width) + flow.permute(0, 2, 3, 1)
+        warped = F.grid_sample(frame0, grid, padding_mode="border", align_corners=False)
+        return torch.clamp(self.refine(warped) + warped, -1, 1)
+
+
+class SpatialTransformer(torch.nn.Module):
+    """A localization net -> affine_grid -> grid_sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(4, 8, 3, stride=2, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 3, stride=2, padding=1),
+        )
+        self.theta = torch.nn.Linear(8, 6)
+        self.register_buffer("identity", torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        pooled = self.features(image).mean(dim=(2, 3))
+        theta = self.theta(pooled).view(-1, 2, 3) * 0.1 + self.identity
+        grid = F.affine_grid(theta, list(image.shape), align_corners=False)
+        return F.grid_sample(image, grid, align_corners=False)
+
+
+class Resample(torch.nn.Module):
+    """An RGBA image and an externally supplied grid as inputs; the resampled image and a
+    nearest-neighbour version of it as two outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = torch.nn.Conv2d(4, 4, 1)
+
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        smooth = F.grid_sample(image, grid, padding_mode="reflection", align_corners=False)
+        sharp = F.grid_sample(image, grid, mode="nearest", padding_mode="zeros", align_corners=True)
+        return torch.clamp(self.mix(smooth), -1, 1), sharp
+
+
+def _seeded(module: torch.nn.Module) -> torch.nn.Module:
+    return module.eval()
+
+
+def flow_warp() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    model = _seeded(FlowWarp())
+    frames = (torch.rand(1, 3, 32, 48) * 2 - 1, torch.rand(1, 3, 32, 48) * 2 - 1)
+    return model, frames
+
+
+def stn() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(1)
+    model = _seeded(SpatialTransformer())
+    return model, (torch.rand(1, 4, 32, 32) * 2 - 1,)
+
+
+def resample() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(2)
+    model = _seeded(Resample())
+    grid = pixel_grid(24, 40) * 0.9 + (torch.rand(1, 24, 40, 2) - 0.5) * 0.05
+    return model, (torch.rand(1, 4, 32, 48) * 2 - 1, grid)
+
+
+DEMOS: dict[str, DemoFactory] = {"flow-warp": flow_warp, "stn": stn, "resample": resample}

@@ -1,0 +1,240 @@
+"""``etkit-export``: export a built-in demo or your own model from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+EXAMPLES = """examples:
+  etkit-export demo                # the flow-warp demo, for VGF, into artifacts/flow-warp-vgf
+  etkit-export demo stn --target xnnpack --verify
+  etkit-export --model mypkg.models:make_warp --input-shape 1x3x256x256 --input-shape 1x3x256x256 \\
+               --quant-input snorm8 --quant-input snorm8 --quant-output snorm8 --out out/warp
+  etkit-export demo resample --quant-input unorm8 --quant-input snorm16 \\
+               --quant-output q0.7 --quant-output float --force
+
+qspecs: snorm8 (int8, 1/127), snorm16 (int16, 1/32767), unorm8 (uint8, 1/255), qM.N (a Q-format:
+M integer and N fraction bits, 8 bits when M+N < 8, else 16), float (leave that input/output float).
+exit status: 0 exported, 1 the export failed, 2 usage error (each with a one-line reason on stderr).
+"""
+
+
+class UsageError(Exception):
+    """A mistake in the command line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from etkit_exporter.demos import DEMOS
+    from etkit_exporter.pipeline import TARGETS
+
+    parser = _Parser(
+        prog="etkit-export",
+        description="Export a grid-sampling PyTorch model to an integer-IO ExecuTorch program "
+        "(VGF or XNNPACK, with etkit's grid sampler), with its artifacts and report.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "demo", nargs="*", metavar="demo [NAME]",
+        help=f"export a built-in demo: {', '.join(DEMOS)} (default flow-warp)",
+    )  # fmt: skip
+    parser.add_argument("--model", metavar="MODULE:FACTORY", help="your model's factory")
+    parser.add_argument(
+        "--input-shape", action="append", default=[], metavar="NxCxHxW",
+        help="shape of one example input (repeat per input; needed when the factory returns "
+        "only the module)",
+    )  # fmt: skip
+    parser.add_argument("--quant-input", action="append", metavar="QSPEC", help="per input")
+    parser.add_argument("--quant-output", action="append", metavar="QSPEC", help="per output")
+    parser.add_argument("--no-quant", action="store_true", help="export in float")
+    parser.add_argument("--target", choices=TARGETS, default="vgf")
+    parser.add_argument("--out", type=Path, help="artifacts folder (default artifacts/NAME-TARGET)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    parser.add_argument(
+        "--verify", action="store_true",
+        help="run the exported program in executorch.runtime and compare (target xnnpack)",
+    )  # fmt: skip
+    parser.add_argument("--verbose", action="store_true", help="debug logs of etkit and Arm")
+    return parser
+
+
+def parse_qspec(text: str) -> Any:
+    """A qspec from its command-line name; ``None`` for ``float``."""
+    from etkit_quant import qformat, snorm8, snorm16, unorm8
+
+    named = {"snorm8": snorm8, "snorm16": snorm16, "unorm8": unorm8}
+    if text in named:
+        return named[text]()
+    if text == "float":
+        return None
+    match = re.fullmatch(r"q(\d+)\.(\d+)", text)
+    if match:
+        integer, fraction = int(match[1]), int(match[2])
+        return qformat(fraction, bits=8 if integer + fraction < 8 else 16)
+    raise UsageError(f"unknown qspec '{text}' (snorm8, snorm16, unorm8, qM.N or float)")
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    if not re.fullmatch(r"\d+(x\d+)*", text) or "x0" in f"x{text}":
+        raise UsageError(f"bad --input-shape '{text}': expected positive sizes like 1x3x256x256")
+    return tuple(int(part) for part in text.split("x"))
+
+
+def load_model(
+    spec: str, shapes: list[tuple[int, ...]]
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """Imports ``module:factory`` and calls it; the factory returns the module, or the module
+    and its example inputs. Random example inputs in [-1, 1] are made from ``shapes``."""
+    if ":" not in spec:
+        raise UsageError(f"--model '{spec}' must be package.module:factory")
+    module_name, factory_name = spec.split(":", 1)
+    try:
+        factory = getattr(importlib.import_module(module_name), factory_name)
+    except (ImportError, AttributeError) as error:
+        raise UsageError(f"cannot load --model '{spec}': {error}") from error
+    made = factory()
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
+        model, inputs = made
+        inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
+        if shapes:
+            inputs = tuple(torch.rand(shape) * 2 - 1 for shape in shapes)
+        return model, inputs
+    if not isinstance(made, torch.nn.Module):
+        raise UsageError(f"--model factory returned {type(made).__name__}, not a torch.nn.Module")
+    if not shapes:
+        raise UsageError("--model factory returned only the module: give --input-shape per input")
+    torch.manual_seed(0)
+    return made, tuple(torch.rand(shape) * 2 - 1 for shape in shapes)
+
+
+class _Progress:
+    """Stage progress: one updating line on a terminal, plain lines otherwise."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+
+    def __call__(self, stage: str, seconds: float) -> None:
+        if self.tty:
+            self.stream.write(f"\r\033[K  {stage:<26} done in {seconds:6.2f} s")
+            self.stream.write("\n" if stage in ("serialize", "verify") else "")
+        else:
+            self.stream.write(f"stage {stage}: {seconds:.2f} s\n")
+        self.stream.flush()
+
+
+def _summary(result: Any, seconds: float) -> str:
+    report = result.report
+    lines = ["", "partitions:"]
+    for p in report["partitions"]:
+        lines.append(f"  {p['name']:<20} {p['backend']:<20} {p['nodes']:>4} nodes")
+    lines.append("io quantization:")
+    for kind in ("inputs", "outputs"):
+        for e in report["io"][kind]:
+            q = (
+                "float"
+                if e["scale"] is None
+                else f"{e['dtype']} scale {e['scale']:.6g} zp {e['zero_point']}"
+            )
+            texture = f" ({e['texture']['format']})" if e.get("texture") else ""
+            lines.append(f"  {kind[:-1]:<6} {e['index']} {e['name']:<12} {q}{texture}")
+    if result.verification:
+        lines.append("verification (executorch.runtime):")
+        for c in result.verification["comparisons"]:
+            lines.append(
+                f"  output {c['output']} vs {c['reference']:<22} max abs error "
+                f"{c['max_abs_error']:.4g}, PSNR "
+                + ("inf (identical)" if c["psnr_db"] is None else f"{c['psnr_db']:.2f} dB")
+            )
+    lines.append("artifacts:")
+    for name in ("model.pte", "io_quant_params.json", "report.json", "report.md", "intermediates"):
+        path = result.artifacts_root / name
+        if path.exists():
+            lines.append(f"  {path}")
+    lines.append(f"exported in {seconds:.1f} s")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``etkit-export``; returns the exit status."""
+    from etkit_exporter.cli import quiet_third_party_noise
+
+    quiet_third_party_noise()  # before torch and torchao are imported
+    try:
+        args = _parser().parse_args(argv)
+        if args.verbose or os.environ.get("EXPORT_EXECUTORCH_VERBOSE") == "1":
+            logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+            for name in ("etkit_quant", "etkit_layout", "etkit_partition", "etkit_gridsampler",
+                         "etkit_exporter", "executorch.backends.arm"):  # fmt: skip
+                logging.getLogger(name).setLevel(logging.DEBUG)
+        model, inputs, name = _model_from(args)
+        ins = None if args.quant_input is None else [parse_qspec(q) for q in args.quant_input]
+        outs = None if args.quant_output is None else [parse_qspec(q) for q in args.quant_output]
+        out = args.out or Path("artifacts") / f"{name}-{args.target}"
+    except UsageError as error:
+        print(f"etkit-export: usage error: {error}", file=sys.stderr)
+        return 2
+    from etkit_exporter.pipeline import ExportError, export_model
+
+    start = time.perf_counter()
+    print(f"exporting {name} for {args.target} into {out}", flush=True)
+    try:
+        result = export_model(
+            model,
+            inputs,
+            artifacts_root=out,
+            quantized_input_qspecs=ins,
+            quantized_output_qspecs=outs,
+            enable_pt2e_quantization=not args.no_quant,
+            target=args.target,
+            verify=args.verify,
+            force=args.force,
+            on_stage=_Progress(sys.stdout),
+        )
+    except (TypeError, ValueError, FileExistsError) as error:
+        print(f"etkit-export: usage error: {error}", file=sys.stderr)
+        return 2
+    except ExportError as error:
+        print(f"etkit-export: export failed: {error}".splitlines()[0], file=sys.stderr)
+        return 1
+    print(_summary(result, time.perf_counter() - start))
+    return 0
+
+
+def _model_from(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
+    from etkit_exporter.demos import DEMOS
+
+    shapes = [parse_shape(s) for s in args.input_shape]
+    if args.demo:
+        if args.demo[0] != "demo" or len(args.demo) > 2:
+            raise UsageError(f"unexpected arguments {' '.join(args.demo)} (try: demo [NAME])")
+        if args.model:
+            raise UsageError("give either demo [NAME] or --model, not both")
+        name = args.demo[1] if len(args.demo) == 2 else "flow-warp"
+        if name not in DEMOS:
+            raise UsageError(f"unknown demo '{name}' (one of {', '.join(DEMOS)})")
+        model, inputs = DEMOS[name]()
+        return model, inputs, name
+    if not args.model:
+        raise UsageError("nothing to export: give demo [NAME] or --model MODULE:FACTORY")
+    model, inputs = load_model(args.model, shapes)
+    return model, inputs, args.model.split(":")[-1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

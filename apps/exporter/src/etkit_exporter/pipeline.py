@@ -1,0 +1,306 @@
+"""``export_model``: the pipeline of design.md, from a PyTorch model to a deployable,
+integer-IO ExecuTorch program with its artifacts and report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+from torch.export import ExportedProgram
+from torchao.quantization.pt2e.quantizer import QuantizationSpec
+
+from etkit_quant import snorm8, snorm16
+
+logger = logging.getLogger(__name__)
+
+TARGETS: Final = ("vgf", "xnnpack")
+VGF_TOSA_SPEC: Final = "TOSA-1.0+INT+FP+int16"
+StageCallback = Callable[[str, float], None]
+
+
+class ExportError(RuntimeError):
+    """The export failed in one of its stages; the message names the stage."""
+
+
+@dataclass
+class ExportResult:
+    """What ``export_model`` made."""
+
+    edge_program: ExportedProgram
+    example_inputs: tuple[torch.Tensor, ...]
+    io_quant_params: dict[str, Any]
+    pte_path: Path
+    report: dict[str, Any]
+    artifacts_root: Path
+    verification: dict[str, Any] | None = None
+    converted_model: torch.nn.Module | None = field(default=None, repr=False)
+
+
+def default_input_qspec(example: torch.Tensor) -> QuantizationSpec:
+    """SNORM16 for a sampling grid (N x H x W x 2), SNORM8 for anything else."""
+    return snorm16() if example.dim() == 4 and example.shape[-1] == 2 else snorm8()
+
+
+def _check_arguments(
+    model: object,
+    example_inputs: object,
+    target: object,
+    artifacts_root: Path,
+    force: bool,
+) -> tuple[torch.Tensor, ...]:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(example_inputs, tuple):
+        raise TypeError(
+            f"example_inputs must be a tuple of tensors, got {type(example_inputs).__name__}"
+        )
+    if not example_inputs:
+        raise ValueError("example_inputs is empty: the model needs at least one input")
+    for index, value in enumerate(example_inputs):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"example_inputs[{index}] must be a torch.Tensor, got {type(value).__name__}"
+            )
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
+    if artifacts_root.exists() and not force:
+        raise FileExistsError(
+            f"{artifacts_root} exists; choose another folder or pass force=True (--force) to "
+            "replace it"
+        )
+    return example_inputs
+
+
+class _Stages:
+    def __init__(self, callback: StageCallback | None) -> None:
+        self.timings: dict[str, float] = {}
+        self.callback = callback
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        except Exception as error:
+            raise ExportError(f"stage '{name}' failed: {type(error).__name__}: {error}") from error
+        seconds = time.perf_counter() - start
+        self.timings[name] = round(seconds, 3)
+        if self.callback is not None:
+            self.callback(name, seconds)
+
+
+def export_model(
+    model: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    *,
+    artifacts_root: str | Path = "artifacts",
+    intermediate_artifacts_root: str | Path | None = None,
+    quantized_input_qspecs: Sequence[QuantizationSpec | None] | None = None,
+    quantized_output_qspecs: Sequence[QuantizationSpec | None] | None = None,
+    quantize_grid_sample_output: bool = True,
+    enable_pt2e_quantization: bool = True,
+    target: str = "vgf",
+    verify: bool = False,
+    force: bool = False,
+    on_stage: StageCallback | None = None,
+) -> ExportResult:
+    """Exports ``model`` to an ExecuTorch program for ``target`` ("vgf": VGF plus etkit's grid
+    sampler; "xnnpack": XNNPACK plus etkit's grid sampler), writing under ``artifacts_root``:
+    ``model.pte``, ``io_quant_params.json``, ``report.json``, ``report.md`` and the VGF/TOSA
+    intermediates (under ``intermediate_artifacts_root``, default ``artifacts_root/intermediates``).
+
+    Quantization (``enable_pt2e_quantization``): one qspec per input and per output (``None``:
+    that boundary stays float; the default is SNORM16 for grid-shaped inputs, SNORM8 otherwise);
+    grid samplers read int8 SNORM images and int16 SNORM16 grids and write int8 SNORM
+    (``quantize_grid_sample_output``) or float. ``verify`` (target "xnnpack") runs the program in
+    ``executorch.runtime`` and compares it with the float and the quantized model.
+
+    Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``),
+    artifacts are written to a temporary folder and moved into place at the end; a failing stage
+    raises ``ExportError`` naming it and leaves nothing behind."""
+    root = Path(artifacts_root)
+    inputs = _check_arguments(model, example_inputs, target, root, force)
+    if verify and target != "xnnpack":
+        raise ValueError("verify=True runs the program on the CPU: use target='xnnpack'")
+    stages = _Stages(on_stage)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        result = _run(
+            model.eval(),
+            inputs,
+            work,
+            Path(intermediate_artifacts_root) if intermediate_artifacts_root else None,
+            quantized_input_qspecs,
+            quantized_output_qspecs,
+            quantize_grid_sample_output,
+            enable_pt2e_quantization,
+            target,
+            verify,
+            stages,
+        )
+        if root.exists():
+            shutil.rmtree(root)
+        work.rename(root)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    result.artifacts_root = root
+    result.pte_path = root / "model.pte"
+    return result
+
+
+def _run(
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    work: Path,
+    intermediates_root: Path | None,
+    input_qspecs: Sequence[QuantizationSpec | None] | None,
+    output_qspecs: Sequence[QuantizationSpec | None] | None,
+    quantize_grid_sample_output: bool,
+    quantize: bool,
+    target: str,
+    verify: bool,
+    stages: _Stages,
+) -> ExportResult:
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir.passes.quantize_io_pass import extract_io_quant_params
+
+    from etkit_exporter.io_params import io_table
+    from etkit_exporter.report import build_report, write_report
+    from etkit_gridsampler import GridSamplerPartitioner
+    from etkit_layout import channels_last, pad_rgb_to_rgba
+    from etkit_partition import (
+        DetagInputQuantize,
+        DetagOps,
+        DetagOutputDequantize,
+        PolicyPartitioner,
+    )
+    from etkit_quant import BoundaryQuantizer
+    from etkit_quant import quantize as quantize_model
+
+    intermediates = intermediates_root or work / "intermediates"
+    intermediates.mkdir(parents=True, exist_ok=True)
+    with stages.stage("capture"):
+        exported = torch.export.export(model, inputs, strict=True)
+        num_outputs = len(exported.graph_signature.user_outputs)
+    ins = (
+        list(input_qspecs) if input_qspecs is not None else [default_input_qspec(x) for x in inputs]
+    )
+    outs = list(output_qspecs) if output_qspecs is not None else [snorm8()] * num_outputs
+    base, partitioner, spec = _backend(target, intermediates)
+    quantizer = None
+    if quantize:
+        quantizer = BoundaryQuantizer(
+            base,
+            input_qspecs=ins,
+            output_qspecs=outs,
+            grid_sampler_output_qspec=snorm8() if quantize_grid_sample_output else None,
+        )
+        quantizer.check_counts(len(inputs), num_outputs)
+    with stages.stage("rgb_to_rgba"):
+        graph = exported.module(check_guards=False)
+        pad_rgb_to_rgba(graph)
+    converted: torch.nn.Module = graph
+    if quantizer is not None:
+        with stages.stage("quantize"):
+            converted = quantize_model(graph, inputs, quantizer)
+    with stages.stage("re_export"):
+        program = torch.export.export(converted, inputs, strict=True)
+    quantized_inputs = [k for k, q in enumerate(ins) if q is not None] if quantize else []
+    quantized_outputs = [k for k, q in enumerate(outs) if q is not None] if quantize else []
+    policies = PolicyPartitioner(
+        partitioner,
+        [
+            DetagInputQuantize(quantized_inputs),
+            DetagOutputDequantize(quantized_outputs),
+            DetagOps([torch.ops.aten.grid_sampler_2d.default]),
+        ],
+    )
+    # Channels-last boundaries are for a GPU engine (VGF); XNNPACK's delegates expect the
+    # contiguous layout they were partitioned with (its runtime rejects some NHWC inputs).
+    layout_passes = [channels_last] if target == "vgf" else []
+    with stages.stage("lower_main"):
+        manager = to_edge_transform_and_lower(
+            program, partitioner=[policies], transform_passes=layout_passes
+        )
+    grid_partitioner = GridSamplerPartitioner()
+    with stages.stage("lower_grid_sampler"):
+        manager = manager.to_backend(grid_partitioner)
+    with stages.stage("extract_io_quant_params"):
+        extracted = (
+            extract_io_quant_params(
+                manager, input_idxs=tuple(quantized_inputs), output_idxs=tuple(quantized_outputs)
+            )
+            if quantized_inputs or quantized_outputs
+            else {"inputs": {}, "outputs": {}}
+        )
+        io_params = io_table(manager.exported_program(), extracted)
+    with stages.stage("serialize"):
+        (work / "model.pte").write_bytes(manager.to_executorch().buffer)
+        (work / "io_quant_params.json").write_text(json.dumps(io_params, indent=2) + "\n")
+    verification = None
+    if verify:
+        from etkit_exporter.verify import verify_program
+
+        with stages.stage("verify"):
+            verification = verify_program(work / "model.pte", model, converted, inputs, io_params)
+    report = build_report(
+        manager.exported_program(),
+        target=target,
+        io_params=io_params,
+        detagged=policies.detagged,
+        grid_rejections=[(r.node, r.reason) for r in grid_partitioner.rejections],
+        timings=stages.timings,
+        intermediates=intermediates,
+        verification=verification,
+        tosa_spec=spec,
+    )
+    write_report(report, work)
+    return ExportResult(
+        edge_program=manager.exported_program(),
+        example_inputs=inputs,
+        io_quant_params=io_params,
+        pte_path=work / "model.pte",
+        report=report,
+        artifacts_root=work,
+        verification=verification,
+        converted_model=converted,
+    )
+
+
+def _backend(target: str, intermediates: Path) -> tuple[Any, Any, str | None]:
+    """The base quantizer, the main partitioner and the TOSA spec of a target."""
+    if target == "vgf":
+        from executorch.backends.arm.quantizer import (
+            VgfQuantizer,
+            get_symmetric_quantization_config,
+        )
+        from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
+
+        from etkit_exporter.tools import configure_model_converter
+
+        configure_model_converter()
+        spec = VgfCompileSpec(VGF_TOSA_SPEC)
+        spec.dump_intermediate_artifacts_to(str(intermediates))
+        base = VgfQuantizer(spec)
+        base.set_global(get_symmetric_quantization_config())
+        return base, VgfPartitioner(spec), VGF_TOSA_SPEC
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+    )
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        get_symmetric_quantization_config as xnnpack_config,
+    )
+
+    return XNNPACKQuantizer().set_global(xnnpack_config()), XnnpackPartitioner(), None

@@ -1,0 +1,220 @@
+"""The export report: partitions, what stayed outside and why, grid samplers, the IO table,
+stage timings and toolchain versions; as JSON and as Markdown."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from torch.export import ExportedProgram
+
+from etkit_quant.graph import target_name
+
+_DISTRIBUTIONS = (
+    "torch", "executorch", "torchao", "tosa-tools", "ai-ml-sdk-model-converter",
+    "ai-ml-sdk-scenario-runner", "etkit-quant", "etkit-partition", "etkit-layout",
+    "etkit-gridsampler", "etkit-exporter",
+)  # fmt: skip
+
+
+def _versions() -> dict[str, str]:
+    versions = {}
+    for name in _DISTRIBUTIONS:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _qparams(q: Any) -> dict[str, Any] | None:
+    if q is None:
+        return None
+    return {
+        "dtype": str(q.dtype).removeprefix("torch."),
+        "scale": q.scale,
+        "zero_point": q.zero_point,
+        "quant_min": q.quant_min,
+        "quant_max": q.quant_max,
+    }
+
+
+def build_report(
+    program: ExportedProgram,
+    *,
+    target: str,
+    io_params: dict[str, Any],
+    detagged: dict[str, str],
+    grid_rejections: list[tuple[str, str]],
+    timings: dict[str, float],
+    intermediates: Path,
+    verification: dict[str, Any] | None,
+    tosa_spec: str | None,
+) -> dict[str, Any]:
+    """The report of an exported program (``program``: the final edge program)."""
+    from etkit_gridsampler import delegate_format
+
+    partitions: list[dict[str, Any]] = []
+    grid_samplers: list[dict[str, Any]] = []
+    outside: list[dict[str, str]] = []
+    rejected = dict(grid_rejections)
+    for node in program.graph.nodes:
+        if node.op == "get_attr" and str(node.target).startswith("lowered_module"):
+            delegate = getattr(program.graph_module, str(node.target))
+            ops = Counter(
+                target_name(n).removesuffix(".default")
+                for n in delegate.original_module.graph.nodes
+                if n.op == "call_function"
+            )
+            partitions.append(
+                {
+                    "name": str(node.target),
+                    "backend": delegate.backend_id,
+                    "nodes": sum(ops.values()),
+                    "ops": dict(sorted(ops.items())),
+                }
+            )
+            if delegate.backend_id == "GridSamplerBackend":
+                blob = delegate_format.decode(bytes(delegate.processed_bytes))
+                grid_samplers.append(
+                    {
+                        "delegate": str(node.target),
+                        "mode": blob.op.mode,
+                        "padding_mode": blob.op.padding_mode,
+                        "align_corners": blob.op.align_corners,
+                        "image": _qparams(blob.op.image),
+                        "grid": _qparams(blob.op.grid),
+                        "output": _qparams(blob.op.output),
+                        "image_shape": list(blob.image_shape),
+                        "grid_shape": list(blob.grid_shape),
+                    }
+                )
+        elif node.op == "call_function":
+            name = target_name(node)
+            if not name or "executorch_call_delegate" in str(node.target):
+                continue  # delegate calls and getitem
+            if node.name in rejected:
+                reason = f"grid-sampler backend: {rejected[node.name]}"
+            elif node.name in detagged:
+                reason = f"kept outside by {detagged[node.name]}"
+            else:
+                reason = f"not supported by the {target} backend"
+            outside.append({"node": node.name, "op": name, "reason": reason})
+    return {
+        "target": target,
+        "tosa_spec": tosa_spec,
+        "partitions": partitions,
+        "outside_delegates": outside,
+        "grid_samplers": grid_samplers,
+        "io": io_params,
+        "timings_s": timings,
+        "intermediates": sorted(p.name for p in intermediates.glob("*")),
+        "verification": verification,
+        "versions": _versions(),
+    }
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The report as readable Markdown."""
+    lines = [f"# etkit export report ({report['target']})", ""]
+    lines += ["## Partitions", ""]
+    lines += _table(
+        ["delegate", "backend", "nodes", "ops"],
+        [
+            [
+                p["name"],
+                p["backend"],
+                p["nodes"],
+                ", ".join(f"{k} x{v}" for k, v in p["ops"].items()),
+            ]
+            for p in report["partitions"]
+        ],
+    )
+    lines += ["", "## Outside the delegates", ""]
+    lines += (
+        _table(
+            ["node", "op", "reason"],
+            [[o["node"], o["op"], o["reason"]] for o in report["outside_delegates"]],
+        )
+        if report["outside_delegates"]
+        else ["(none)"]
+    )
+    lines += ["", "## Grid samplers", ""]
+
+    def q(entry: dict[str, Any] | None) -> str:
+        return (
+            "float32"
+            if entry is None
+            else f"{entry['dtype']} {entry['scale']:.6g}/{entry['zero_point']}"
+        )
+
+    lines += _table(
+        ["delegate", "mode", "padding", "align_corners", "image", "grid", "output"],
+        [
+            [
+                g["delegate"],
+                g["mode"],
+                g["padding_mode"],
+                g["align_corners"],
+                q(g["image"]),
+                q(g["grid"]),
+                q(g["output"]),
+            ]
+            for g in report["grid_samplers"]
+        ],
+    )
+    lines += ["", "## Inputs and outputs", ""]
+    rows = []
+    for kind in ("inputs", "outputs"):
+        for e in report["io"][kind]:
+            texture = e["texture"]["format"] if e.get("texture") else ""
+            scale = "" if e["scale"] is None else f"{e['scale']:.6g}"
+            rows.append(
+                [
+                    kind[:-1],
+                    e["index"],
+                    e["name"],
+                    e.get("shape"),
+                    e.get("dim_order"),
+                    e.get("dtype"),
+                    scale,
+                    e["zero_point"],
+                    texture,
+                ]
+            )
+    lines += _table(
+        ["", "index", "name", "shape", "dim order", "dtype", "scale", "zero point", "texture"], rows
+    )
+    if report.get("verification"):
+        lines += ["", "## Verification (executorch.runtime)", ""]
+        lines += _table(
+            ["output", "vs", "max abs error", "PSNR dB"],
+            [
+                [v["output"], v["reference"], f"{v['max_abs_error']:.6g}", _db(v["psnr_db"])]
+                for v in report["verification"]["comparisons"]
+            ],
+        )
+    lines += ["", "## Stage timings", ""]
+    lines += _table(["stage", "seconds"], [[k, v] for k, v in report["timings_s"].items()])
+    lines += ["", "## Toolchain", ""]
+    lines += _table(["package", "version"], [[k, v] for k, v in report["versions"].items()])
+    return "\n".join(lines) + "\n"
+
+
+def _db(value: float | None) -> str:
+    return "inf (identical)" if value is None else f"{value:.2f}"
+
+
+def write_report(report: dict[str, Any], folder: Path) -> None:
+    """``report.json`` and ``report.md`` in ``folder``."""
+    (folder / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (folder / "report.md").write_text(render_markdown(report))

@@ -1,0 +1,87 @@
+"""Running an exported program in ``executorch.runtime`` and comparing it with the PyTorch
+models it came from."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def psnr(actual: torch.Tensor, reference: torch.Tensor) -> float | None:
+    """Peak signal-to-noise ratio in dB, the peak being the reference's dynamic range
+    (max - min; 2 for a full [-1, 1] image). ``None`` when the two are identical (infinite)."""
+    mse = float(((actual.double() - reference.double()) ** 2).mean())
+    peak = float(reference.max() - reference.min()) or 1.0
+    return None if mse == 0 else 10 * math.log10(peak * peak / mse)
+
+
+def _quantize(x: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
+    dtype = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16}[entry["dtype"]]
+    q = torch.round(x / entry["scale"]) + entry["zero_point"]
+    result: torch.Tensor = q.clamp(entry["quant_min"], entry["quant_max"]).to(dtype)
+    return result
+
+
+def _as_program_input(x: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
+    value = x if entry["scale"] is None else _quantize(x, entry)
+    if entry.get("dim_order") == [0, 2, 3, 1]:
+        return value.contiguous(memory_format=torch.channels_last)
+    return value.contiguous()
+
+
+def _as_float_output(y: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
+    if entry["scale"] is None:
+        return y.float()
+    result: torch.Tensor = (y.float() - entry["zero_point"]) * entry["scale"]
+    return result
+
+
+def _outputs(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [v for v in value if isinstance(v, torch.Tensor)]  # type: ignore[attr-defined]
+
+
+def verify_program(
+    pte: Path,
+    model: torch.nn.Module,
+    quantized_model: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    io_params: dict[str, Any],
+) -> dict[str, Any]:
+    """Runs ``pte`` (grid-sampler backend registered) on integer inputs made from the example
+    inputs through ``io_params``, dequantizes its outputs and compares each with the float model
+    and with the quantized PT2E model: max abs error and PSNR."""
+    from executorch.runtime import Runtime
+
+    from etkit_gridsampler import runtime
+
+    runtime.register()
+    inputs = [
+        _as_program_input(x, entry)
+        for x, entry in zip(example_inputs, io_params["inputs"], strict=True)
+    ]
+    method = Runtime.get().load_program(pte).load_method("forward")
+    raw = method.execute(inputs)
+    actual = [_as_float_output(y, e) for y, e in zip(raw, io_params["outputs"], strict=True)]
+    with torch.no_grad():
+        references = {
+            "float model": _outputs(model(*example_inputs)),
+            "quantized PT2E model": _outputs(quantized_model(*example_inputs)),
+        }
+    comparisons = []
+    for name, outputs in references.items():
+        for index, (y, ref) in enumerate(zip(actual, outputs, strict=True)):
+            y = y.contiguous().reshape(ref.shape)
+            comparisons.append(
+                {
+                    "output": index,
+                    "reference": name,
+                    "max_abs_error": float((y - ref).abs().max()),
+                    "psnr_db": psnr(y, ref),
+                }
+            )
+    return {"comparisons": comparisons}

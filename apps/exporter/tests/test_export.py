@@ -1,0 +1,274 @@
+"""export_model and etkit-export on the built-in demos: artifacts, reports, verification, and
+every bad-input case."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from etkit_exporter import ExportError, export_model
+from etkit_exporter.demos import DEMOS
+from etkit_quant import snorm8, snorm16, unorm8
+
+SNORM8_SCALE = float(torch.tensor(1 / 127))
+
+
+def _db(comparison: dict[str, Any]) -> float:
+    """PSNR in dB; ``None`` in a report means identical."""
+    return float("inf") if comparison["psnr_db"] is None else float(comparison["psnr_db"])
+
+
+def _run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "etkit-export"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def flow_warp_xnnpack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    model, inputs = DEMOS["flow-warp"]()
+    root = tmp_path_factory.mktemp("api") / "flow-warp-xnnpack"
+    return export_model(
+        model,
+        inputs,
+        artifacts_root=root,
+        quantized_input_qspecs=(snorm8(), snorm8()),
+        quantized_output_qspecs=(snorm8(),),
+        target="xnnpack",
+        verify=True,
+    )
+
+
+def test_flow_warp_xnnpack_verifies(flow_warp_xnnpack: Any) -> None:
+    comparisons = flow_warp_xnnpack.verification["comparisons"]
+    quantized = [c for c in comparisons if c["reference"] == "quantized PT2E model"]
+    floating = [c for c in comparisons if c["reference"] == "float model"]
+    assert quantized and all(_db(c) >= 40 for c in quantized), quantized
+    assert floating and all(_db(c) > 25 for c in floating), floating
+
+
+def test_artifacts_and_io_params(flow_warp_xnnpack: Any) -> None:
+    root = flow_warp_xnnpack.artifacts_root
+    assert {p.name for p in root.iterdir()} >= {
+        "model.pte", "io_quant_params.json", "report.json", "report.md", "intermediates",
+    }  # fmt: skip
+    assert flow_warp_xnnpack.pte_path == root / "model.pte"
+    io = json.loads((root / "io_quant_params.json").read_text())
+    assert [e["name"] for e in io["inputs"]] == ["frame0", "frame1"]
+    for entry in (*io["inputs"], *io["outputs"]):
+        assert entry["dtype"] == "int8" and entry["scale"] == pytest.approx(SNORM8_SCALE)
+        assert (entry["zero_point"], entry["quant_min"], entry["quant_max"]) == (0, -127, 127)
+        assert entry["texture"]["format"] == "R8_SNORM"
+        assert entry["dim_order"] == [0, 1, 2, 3] and len(entry["shape"]) == 4  # CPU: NCHW
+    assert io == flow_warp_xnnpack.io_quant_params
+    # nothing half-written beside it
+    assert not [p for p in root.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_report_contents(flow_warp_xnnpack: Any) -> None:
+    report = json.loads((flow_warp_xnnpack.artifacts_root / "report.json").read_text())
+    backends = {p["backend"] for p in report["partitions"]}
+    assert {"XnnpackBackend", "GridSamplerBackend"} <= backends
+    (sampler,) = report["grid_samplers"]
+    assert (sampler["mode"], sampler["padding_mode"], sampler["align_corners"]) == (
+        "bilinear", "border", False,
+    )  # fmt: skip
+    assert sampler["image"]["dtype"] == "int8" and sampler["grid"]["dtype"] == "int16"
+    assert sampler["grid"]["scale"] == pytest.approx(1 / 32767)
+    assert sampler["image_shape"][1] == 4  # RGB padded to RGBA
+    assert all(o["reason"] for o in report["outside_delegates"])
+    assert {
+        "capture",
+        "quantize",
+        "lower_main",
+        "lower_grid_sampler",
+        "serialize",
+        "verify",
+    } <= set(report["timings_s"])
+    assert report["versions"]["executorch"] == "1.5.1"
+    markdown = (flow_warp_xnnpack.artifacts_root / "report.md").read_text()
+    for heading in (
+        "## Partitions",
+        "## Grid samplers",
+        "## Inputs and outputs",
+        "## Verification",
+    ):
+        assert heading in markdown
+
+
+def test_flow_warp_vgf_api(tmp_path: Path) -> None:
+    model, inputs = DEMOS["flow-warp"]()
+    result = export_model(model, inputs, artifacts_root=tmp_path / "out", target="vgf")
+    backends = [p["backend"] for p in result.report["partitions"]]
+    assert "VgfBackend" in backends and "GridSamplerBackend" in backends
+    for partition in result.report["partitions"]:
+        if partition["backend"] == "VgfBackend":
+            assert not any("grid_sampler" in op for op in partition["ops"])
+    for entry in (*result.io_quant_params["inputs"], *result.io_quant_params["outputs"]):
+        assert entry["dim_order"] == [0, 2, 3, 1]  # NHWC at every image boundary, for the GPU
+        assert entry["texture"]["format"] == "R8_SNORM"
+    files = {p.suffix for p in (tmp_path / "out" / "intermediates").iterdir()}
+    assert {".vgf", ".tosa"} <= files
+
+
+def test_stn_xnnpack_api_verifies(tmp_path: Path) -> None:
+    model, inputs = DEMOS["stn"]()
+    result = export_model(
+        model, inputs, artifacts_root=tmp_path / "stn", target="xnnpack", verify=True
+    )
+    assert all(
+        _db(c) >= 40
+        for c in result.verification["comparisons"]  # type: ignore[index]
+        if c["reference"] == "quantized PT2E model"
+    )
+
+
+@pytest.mark.parametrize(
+    ("demo", "target", "extra"),
+    [("stn", "vgf", []), ("resample", "vgf", []), ("resample", "xnnpack", ["--verify"])],
+)
+def test_cli_exports_demo(tmp_path: Path, demo: str, target: str, extra: list[str]) -> None:
+    done = _run_cli("demo", demo, "--target", target, "--out", "out", *extra, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "partitions:" in done.stdout and "artifacts:" in done.stdout
+    assert (tmp_path / "out" / "model.pte").stat().st_size > 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["target"] == target and report["grid_samplers"]
+    if "--verify" in extra:
+        assert "PSNR" in done.stdout
+        quantized = [
+            c
+            for c in report["verification"]["comparisons"]
+            if c["reference"] == "quantized PT2E model"
+        ]
+        assert len(quantized) == 2 and all(_db(c) >= 40 for c in quantized)
+
+
+def test_cli_user_model_with_qspecs_and_float(tmp_path: Path) -> None:
+    (tmp_path / "user_models.py").write_text(
+        "import torch, torch.nn.functional as F\n"
+        "class Warp(torch.nn.Module):\n"
+        "    def forward(self, image, grid):\n"
+        "        return F.grid_sample(image, grid, align_corners=True)\n"
+        "def make():\n"
+        "    return Warp()\n"
+    )
+    done = _run_cli(
+        "--model", "user_models:make", "--input-shape", "1x4x16x16", "--input-shape", "1x8x8x2",
+        "--quant-input", "unorm8", "--quant-input", "snorm16", "--quant-output", "float",
+        "--target", "xnnpack", "--out", "user", "--verify",
+        cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    io = json.loads((tmp_path / "user" / "io_quant_params.json").read_text())
+    assert [e["texture"]["format"] for e in io["inputs"]] == ["R8_UNORM", "R16_SNORM"]
+    assert io["outputs"][0]["scale"] is None and io["outputs"][0]["dtype"] == "float32"
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+
+def test_api_bad_input(tmp_path: Path) -> None:
+    model, inputs = DEMOS["resample"]()
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="at least one input"):
+        export_model(model, (), artifacts_root=out)
+    with pytest.raises(TypeError, match=r"example_inputs\[1\] must be a torch.Tensor"):
+        export_model(model, (inputs[0], [1, 2]), artifacts_root=out)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="example_inputs must be a tuple"):
+        export_model(model, list(inputs), artifacts_root=out)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="target must be one of vgf, xnnpack"):
+        export_model(model, inputs, artifacts_root=out, target="metal")
+    with pytest.raises(ValueError, match="input_qspecs has 1 entries but the model has 2"):
+        export_model(model, inputs, artifacts_root=out, quantized_input_qspecs=(snorm8(),))
+    with pytest.raises(ValueError, match="output_qspecs has 1 entries but the model has 2"):
+        export_model(
+            model, inputs, artifacts_root=out,
+            quantized_input_qspecs=(snorm8(), snorm16()), quantized_output_qspecs=(unorm8(),),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="target='xnnpack'"):
+        export_model(model, inputs, artifacts_root=out, target="vgf", verify=True)
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="force=True"):
+        export_model(model, inputs, artifacts_root=out)
+    assert (out / "keep.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing half-written
+
+
+def test_failed_export_leaves_nothing(tmp_path: Path) -> None:
+    class DataDependent(torch.nn.Module):
+        def forward(self, image: torch.Tensor) -> torch.Tensor:
+            if image.sum() > 0:  # strict export cannot capture this
+                return image * 2
+            return image
+
+    with pytest.raises(ExportError, match="stage 'capture' failed"):
+        export_model(DataDependent(), (torch.ones(1, 3, 4, 4),), artifacts_root=tmp_path / "x")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "nosuch"], "unknown demo 'nosuch'"),
+        (["demo", "--quant-input", "snorm9"], "unknown qspec 'snorm9'"),
+        (["--model", "torch.nn:Identity"], "give --input-shape"),
+        (["--model", "os:getcwd", "--input-shape", "1x2"], "returned str, not a torch.nn.Module"),
+        (["--model", "user_models"], "must be package.module:factory"),
+        (["--model", "x:y", "--input-shape", "1x0x3"], "bad --input-shape"),
+        ([], "nothing to export"),
+        (["demo", "--target", "metal"], "invalid choice"),
+        (["demo", "resample", "--quant-input", "snorm8"], "1 entries but the model has 2"),
+    ],
+)
+def test_cli_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    done = _run_cli(*args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_cli_refuses_existing_folder_and_reports_failed_export(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    done = _run_cli("demo", "stn", "--out", "out", cwd=tmp_path)
+    assert done.returncode == 2 and "--force" in done.stderr
+    (tmp_path / "bad_models.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x * 2 if x.sum() > 0 else x\n"
+        "def make():\n"
+        "    return M(), (torch.ones(1, 3, 4, 4),)\n"
+    )
+    done = _run_cli(
+        "--model",
+        "bad_models:make",
+        "--out",
+        "bad",
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert done.returncode == 1
+    (reason,) = [line for line in done.stderr.splitlines() if line.startswith("etkit-export:")]
+    assert "export failed: stage 'capture' failed" in reason
+    assert not (tmp_path / "bad").exists()
+
+
+def test_help_has_examples(tmp_path: Path) -> None:
+    done = _run_cli("--help", cwd=tmp_path)
+    assert done.returncode == 0 and "examples:" in done.stdout and "--quant-input" in done.stdout
