@@ -52,10 +52,15 @@ def check_dtypes(image: torch.Tensor, grid: torch.Tensor, op: GridSampleOp) -> t
     return torch.float32 if op.output is None else op.output.dtype
 
 
-def _output_like(image: torch.Tensor, grid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    channels_last = image.is_contiguous(memory_format=torch.channels_last) and not (
-        image.is_contiguous()
+def is_channels_last(image: torch.Tensor) -> bool:
+    """True when ``image`` is NHWC in memory (and not also plain contiguous, as when C == 1)."""
+    return (
+        bool(image.is_contiguous(memory_format=torch.channels_last)) and not image.is_contiguous()
     )
+
+
+def _output_like(image: torch.Tensor, grid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    channels_last = is_channels_last(image)
     return torch.empty(
         (image.shape[0], image.shape[1], grid.shape[1], grid.shape[2]),
         dtype=dtype,

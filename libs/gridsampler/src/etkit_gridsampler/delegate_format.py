@@ -34,7 +34,14 @@ from typing import Final
 
 import torch
 
-from etkit_gridsampler.op import MODE_CODES, PADDING_CODES, GridSampleOp, QParams
+from etkit_gridsampler.op import (
+    MODE_CODES,
+    MODE_NAMES,
+    PADDING_CODES,
+    PADDING_NAMES,
+    GridSampleOp,
+    QParams,
+)
 
 MAGIC: Final = b"ETGS"
 FORMAT_VERSION: Final = 1
@@ -129,14 +136,12 @@ def decode(data: bytes) -> DelegateBlob:
     (crc,) = struct.unpack_from("<I", data, BLOB_SIZE - 4)
     if zlib.crc32(data[: BLOB_SIZE - 4]) != crc:
         raise DelegateFormatError("checksum mismatch: the blob is corrupt")
-    modes = {code: name for name, code in MODE_CODES.items()}
-    paddings = {code: name for name, code in PADDING_CODES.items()}
-    if mode not in modes or padding not in paddings or align_corners > 1:
+    if mode not in MODE_NAMES or padding not in PADDING_NAMES or align_corners > 1:
         raise DelegateFormatError("invalid mode, padding or align_corners")
     try:
         op = GridSampleOp(
-            mode=modes[mode],  # type: ignore[arg-type]
-            padding_mode=paddings[padding],  # type: ignore[arg-type]
+            mode=MODE_NAMES[mode],
+            padding_mode=PADDING_NAMES[padding],
             align_corners=bool(align_corners),
             image=_unpack_qparams(data, 12),
             grid=_unpack_qparams(data, 36),

@@ -16,6 +16,8 @@ PaddingMode = Literal["zeros", "border", "reflection"]
 # The integer codes of aten.grid_sampler_2d's interpolation_mode and padding_mode arguments.
 MODE_CODES: Final[dict[str, int]] = {"bilinear": 0, "nearest": 1}
 PADDING_CODES: Final[dict[str, int]] = {"zeros": 0, "border": 1, "reflection": 2}
+MODE_NAMES: Final[dict[int, Mode]] = {0: "bilinear", 1: "nearest"}
+PADDING_NAMES: Final[dict[int, PaddingMode]] = {0: "zeros", 1: "border", 2: "reflection"}
 
 _DTYPE_RANGES: Final[dict[torch.dtype, tuple[int, int]]] = {
     torch.int8: (-128, 127),

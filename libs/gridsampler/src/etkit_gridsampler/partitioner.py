@@ -16,15 +16,12 @@ from executorch.exir.backend.partitioner import (
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from etkit_gridsampler.op import GridSampleOp, QParams
+from etkit_gridsampler.op import MODE_NAMES, PADDING_NAMES, GridSampleOp, QParams
 from etkit_gridsampler.plan import unsupported_reason
 from etkit_gridsampler.runtime import BACKEND_ID
 from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize
 
 logger = logging.getLogger(__name__)
-
-_MODES = {0: "bilinear", 1: "nearest"}
-_PADDINGS = {0: "zeros", 1: "border", 2: "reflection"}
 
 
 @dataclass(frozen=True)
@@ -76,9 +73,9 @@ def unit_of(node: Node) -> GridSamplerUnit:
     saying why the backend cannot take it."""
     image, grid = node.args[0], node.args[1]
     mode, padding, align_corners = node.args[2:5]
-    if not isinstance(mode, int) or mode not in _MODES:
+    if not isinstance(mode, int) or mode not in MODE_NAMES:
         raise UnsupportedGridSamplerError(f"interpolation mode {mode} (bicubic) is not supported")
-    if not isinstance(padding, int) or padding not in _PADDINGS:
+    if not isinstance(padding, int) or padding not in PADDING_NAMES:
         raise UnsupportedGridSamplerError(f"padding mode {padding} is not supported")
     if not isinstance(image, Node) or not isinstance(grid, Node):
         raise UnsupportedGridSamplerError("image and grid must be tensors")
@@ -114,8 +111,8 @@ def unit_of(node: Node) -> GridSamplerUnit:
     if any(not isinstance(d, int) for d in (*image_value.shape, *grid_value.shape)):
         raise UnsupportedGridSamplerError("dynamic shapes are not supported")
     op = GridSampleOp(
-        mode=_MODES[mode],  # type: ignore[arg-type]  # a Literal from a dict
-        padding_mode=_PADDINGS[padding],  # type: ignore[arg-type]
+        mode=MODE_NAMES[mode],
+        padding_mode=PADDING_NAMES[padding],
         align_corners=bool(align_corners),
         image=image_q,
         grid=grid_q,

@@ -24,7 +24,7 @@ from etkit_gridsampler._vulkan_compute import (
     compile_glsl,
     default_device,
 )
-from etkit_gridsampler.cpu import check_dtypes, check_inputs
+from etkit_gridsampler.cpu import check_dtypes, check_inputs, is_channels_last
 from etkit_gridsampler.op import MODE_CODES, PADDING_CODES, GridSampleOp
 from etkit_gridsampler.plan import UnsupportedOpError, plan
 
@@ -110,10 +110,7 @@ class KernelDispatch:
 
 def _image_memory(image: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], bool]:
     """The image's bytes in memory order, its strides (elements) and whether it is NHWC."""
-    channels_last = image.is_contiguous(memory_format=torch.channels_last) and not (
-        image.is_contiguous()
-    )
-    if channels_last:
+    if is_channels_last(image):
         return image.permute(0, 2, 3, 1).reshape(-1), tuple(image.stride()), True
     contiguous = image.contiguous()
     return contiguous.reshape(-1), tuple(contiguous.stride()), False

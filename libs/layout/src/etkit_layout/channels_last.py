@@ -10,6 +10,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassResult
 
+from etkit_quant.boundary import user_outputs
 from etkit_quant.graph import grid_position_nodes, is_dequantize, is_grid_sampler, is_quantize
 
 logger = logging.getLogger(__name__)
@@ -29,13 +30,6 @@ def _user_inputs(graph_module: GraphModule) -> list[Node]:
         for n in graph_module.graph.nodes
         if n.op == "placeholder" and n.users and not n.name.startswith(_LIFTED_PREFIXES)
     ]
-
-
-def _outputs(graph_module: GraphModule) -> list[Node]:
-    output = next(n for n in graph_module.graph.nodes if n.op == "output")
-    produced: list[Node] = []
-    torch.fx.node.map_arg(output.args[0], produced.append)
-    return produced
 
 
 def grid_tensors(graph_module: GraphModule) -> set[Node]:
@@ -88,7 +82,7 @@ def channels_last_nodes(graph_module: GraphModule) -> list[Node]:
             continue
         add([node])
         add(u for u in node.users if is_quantize(u))
-    for node in _outputs(graph_module):
+    for node in user_outputs(graph_module):
         if not _is_image(node) or node in grids:
             continue
         add([node])

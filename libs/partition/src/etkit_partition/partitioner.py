@@ -11,14 +11,9 @@ from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from torch.export import ExportedProgram
 
 from etkit_partition.policies import DetagOps, PartitionPolicy, repair_partitions
+from etkit_quant.graph import operator_name
 
 logger = logging.getLogger(__name__)
-
-
-def _name(op: object) -> str:
-    name = getattr(op, "name", None)
-    result = name() if callable(name) else ""
-    return result if isinstance(result, str) else ""
 
 
 class PolicyPartitioner(Partitioner):  # type: ignore[misc]  # executorch is untyped
@@ -61,7 +56,7 @@ class PolicyPartitioner(Partitioner):  # type: ignore[misc]  # executorch is unt
         for policy in self.policies:
             if isinstance(policy, DetagOps):
                 kept_outside |= policy.targets
-        kept = [op for op in ops if _name(op) not in kept_outside]
+        kept = [op for op in ops if operator_name(op) not in kept_outside]
         return kept, node_filter
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol, runtime_checkable
 
-import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from etkit_quant.graph import is_dequantize, is_quantize, target_name
+from etkit_quant.boundary import user_outputs
+from etkit_quant.graph import is_dequantize, is_quantize, operator_name, target_name
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +52,7 @@ def user_input_nodes(program: ExportedProgram) -> list[Node]:
 
 def user_output_nodes(program: ExportedProgram) -> list[Node]:
     """The nodes producing the program's user outputs, in order."""
-    output = next(n for n in program.graph.nodes if n.op == "output")
-    produced: list[Node] = []
-    torch.fx.node.map_arg(output.args[0], produced.append)
-    return produced[: len(program.graph_signature.user_outputs)]
+    return user_outputs(program.graph_module)[: len(program.graph_signature.user_outputs)]
 
 
 def _check_indices(indices: Sequence[int], count: int, what: str) -> None:
@@ -119,9 +116,8 @@ class DetagOutputDequantize:
 
 
 def _op_name(target: object) -> str:
-    name = getattr(target, "name", None)
-    result = name() if callable(name) else None
-    if not isinstance(result, str):
+    result = operator_name(target)
+    if not result:
         raise TypeError(
             f"expected an operator (such as torch.ops.aten.grid_sampler_2d.default), got {target!r}"
         )

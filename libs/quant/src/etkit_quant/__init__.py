@@ -17,6 +17,7 @@ from etkit_quant.graph import (
     is_dequantize,
     is_grid_sampler,
     is_quantize,
+    operator_name,
     target_name,
 )
 from etkit_quant.qspecs import (
@@ -47,6 +48,7 @@ __all__ = [
     "is_dequantize",
     "is_grid_sampler",
     "is_quantize",
+    "operator_name",
     "qformat",
     "quantize",
     "snorm8",

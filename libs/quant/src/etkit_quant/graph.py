@@ -39,16 +39,20 @@ GRID_SAMPLER_TARGET_NAMES: Final = frozenset(
 )
 
 
-def target_name(node: Node) -> str:
-    """The qualified operator name of a ``call_function`` node (``"aten::grid_sampler_2d"``,
-    ``"aten::grid_sampler_2d.vec"``), or ``""`` for any other node or a non-operator target."""
-    if node.op != "call_function":
-        return ""
-    name = getattr(node.target, "name", None)
-    if callable(name):  # torch OpOverload and the edge dialect's EdgeOpOverload
+def operator_name(target: object) -> str:
+    """The qualified name of an operator (``"aten::grid_sampler_2d"``) for a torch
+    ``OpOverload`` or an edge-dialect ``EdgeOpOverload``; ``""`` for anything else."""
+    name = getattr(target, "name", None)
+    if callable(name):
         result = name()
         return result if isinstance(result, str) else ""
     return ""
+
+
+def target_name(node: Node) -> str:
+    """The qualified operator name of a ``call_function`` node (``"aten::grid_sampler_2d"``,
+    ``"aten::grid_sampler_2d.vec"``), or ``""`` for any other node or a non-operator target."""
+    return operator_name(node.target) if node.op == "call_function" else ""
 
 
 def is_quantize(node: Node) -> bool:
