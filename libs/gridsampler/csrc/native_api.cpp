@@ -66,7 +66,7 @@ template <typename GridT>
 void run_quantized(const int8_t* image, const int64_t* image_sizes, const int64_t* image_strides,
                    const void* grid, const int64_t* grid_sizes, const int64_t* grid_strides,
                    void* output, const int64_t* output_strides, const QuantizedPlan& plan,
-                   int num_threads) {
+                   int num_threads, etkit::gridsampler::Isa isa) {
   using namespace etkit::gridsampler;
   const int64_t output_sizes[4] = {image_sizes[0], image_sizes[1], grid_sizes[1], grid_sizes[2]};
   const auto image_view = make_view(image, image_sizes, image_strides);
@@ -74,11 +74,13 @@ void run_quantized(const int8_t* image, const int64_t* image_sizes, const int64_
   if (plan.float_output) {
     grid_sample_quantized_parallel(
         image_view, grid_view,
-        make_view(static_cast<float*>(output), output_sizes, output_strides), plan, num_threads);
+        make_view(static_cast<float*>(output), output_sizes, output_strides), plan, num_threads,
+        isa);
   } else {
     grid_sample_quantized_parallel(
         image_view, grid_view,
-        make_view(static_cast<int8_t*>(output), output_sizes, output_strides), plan, num_threads);
+        make_view(static_cast<int8_t*>(output), output_sizes, output_strides), plan, num_threads,
+        isa);
   }
 }
 
@@ -89,7 +91,12 @@ extern "C" int etkit_gridsampler_grid_sample_q(
     const void* grid, int grid_is_int8, const int64_t* grid_sizes, const int64_t* grid_strides,
     void* output, const int64_t* output_strides, int mode, int padding, int align_corners,
     const EtkitQParams* image_q, const EtkitQParams* grid_q, const EtkitQParams* output_q,
-    int num_threads, const char** error) {
+    int num_threads, int isa, const char** error) {
+  using etkit::gridsampler::Isa;
+  if (isa < 0 || isa > 3 || !etkit::gridsampler::cpu_supports(static_cast<Isa>(isa))) {
+    *error = "this CPU does not support the requested instruction set";
+    return 1;
+  }
   if (grid_sizes[3] != 2 || grid_sizes[0] != image_sizes[0]) {
     *error = "grid must be N x Ho x Wo x 2 with the image's N";
     return 1;
@@ -101,12 +108,16 @@ extern "C" int etkit_gridsampler_grid_sample_q(
   }
   if (grid_is_int8) {
     run_quantized<int8_t>(image, image_sizes, image_strides, grid, grid_sizes, grid_strides,
-                          output, output_strides, plan, num_threads);
+                          output, output_strides, plan, num_threads, static_cast<Isa>(isa));
   } else {
     run_quantized<int16_t>(image, image_sizes, image_strides, grid, grid_sizes, grid_strides,
-                           output, output_strides, plan, num_threads);
+                           output, output_strides, plan, num_threads, static_cast<Isa>(isa));
   }
   return 0;
+}
+
+extern "C" int etkit_gridsampler_best_isa() {
+  return static_cast<int>(etkit::gridsampler::best_isa());
 }
 
 extern "C" int etkit_gridsampler_plan(int mode, int padding, int align_corners,

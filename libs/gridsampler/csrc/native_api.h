@@ -29,7 +29,8 @@ typedef struct {
 
 // The integer grid sampler (docs/contract.md): int8 image, int16 (grid_is_int8 = 0) or int8
 // grid, int8 output (output_q) or float32 output (output_q = NULL). Returns 0, or 1 with *error
-// saying why the configuration is outside the contract.
+// saying why the configuration is outside the contract. `isa` caps the instruction set (see
+// etkit_gridsampler_best_isa); one this CPU lacks is an error.
 int etkit_gridsampler_grid_sample_q(const int8_t* image, const int64_t* image_sizes,
                                     const int64_t* image_strides, const void* grid,
                                     int grid_is_int8, const int64_t* grid_sizes,
@@ -37,7 +38,12 @@ int etkit_gridsampler_grid_sample_q(const int8_t* image, const int64_t* image_si
                                     const int64_t* output_strides, int mode, int padding,
                                     int align_corners, const EtkitQParams* image_q,
                                     const EtkitQParams* grid_q, const EtkitQParams* output_q,
-                                    int num_threads, const char** error);
+                                    int num_threads, int isa, const char** error);
+
+// The instruction sets of the integer CPU kernel: 0 = auto (the best this CPU has), 1 = scalar,
+// 2 = AVX2, 3 = AVX-512 (F, BW, DQ, VL, VBMI, VNNI). All compute the same bits. Returns the
+// best one this CPU supports (1, 2 or 3).
+int etkit_gridsampler_best_isa();
 
 // The derived constants of the integer contract, for the Vulkan kernel's push constants:
 // plan[0..15] = x.multiplier, x.shift, x.offset, x.size, y.multiplier, y.shift, y.offset, y.size,

@@ -51,17 +51,29 @@ const char* plan_quantized(const SampleParams& params, const QuantParams& image,
                            const QuantParams& output, int64_t height, int64_t width,
                            QuantizedPlan* plan);
 
+// The instruction sets the CPU kernel can use. Every one computes the same bits; kAuto picks the
+// best the CPU supports, and the vectorized kernel applies where its layout conditions hold
+// (quantized_x86.h), the scalar kernel elsewhere.
+enum class Isa : int { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
+
+// Whether this CPU can run `isa` (kAuto: always true).
+bool cpu_supports(Isa isa);
+// The best instruction set this CPU supports.
+Isa best_isa();
+
 // int8 image, int16/int8 grid, int8 or float32 output; rows [row_begin, row_end) of the N * Ho
-// output rows. Strided views: any dim order.
+// output rows. Strided views: any dim order. `isa` caps the instruction set (kScalar: the
+// scalar kernel only).
 template <typename GridT, typename OutT>
 void grid_sample_quantized(const View4<const int8_t>& image, const View4<const GridT>& grid,
                            const View4<OutT>& output, const QuantizedPlan& plan,
-                           int64_t row_begin, int64_t row_end);
+                           int64_t row_begin, int64_t row_end, Isa isa = Isa::kAuto);
 
 // The whole output, on `num_threads` threads (0: all hardware threads).
 template <typename GridT, typename OutT>
 void grid_sample_quantized_parallel(const View4<const int8_t>& image,
                                     const View4<const GridT>& grid, const View4<OutT>& output,
-                                    const QuantizedPlan& plan, int num_threads);
+                                    const QuantizedPlan& plan, int num_threads,
+                                    Isa isa = Isa::kAuto);
 
 }  // namespace etkit::gridsampler

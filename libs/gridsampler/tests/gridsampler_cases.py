@@ -31,9 +31,11 @@ def near_tie(image: torch.Tensor, grid: torch.Tensor, op: GridSampleOp) -> torch
 
 
 def check_against_reference(image: torch.Tensor, grid: torch.Tensor, op: GridSampleOp) -> None:
-    """The CPU kernel is within the contract's bound of the reference, and the Vulkan kernel
-    gives the same bits as the CPU kernel."""
+    """The CPU kernel is within the contract's bound of the reference, its scalar form gives the
+    same bits as its best vectorized form, and the Vulkan kernel the same bits again."""
     actual = cpu.grid_sample(image, grid, op)
+    scalar = cpu.grid_sample(image, grid, op, isa="scalar")
+    assert torch.equal(actual, scalar), f"the vectorized CPU kernel differs from the scalar: {op}"
     ideal = reference.grid_sample(image, grid, op)
     if op.output is not None:
         steps = (actual.to(torch.int32) - ideal.to(torch.int32)).abs()

@@ -57,8 +57,10 @@ def native_library() -> ctypes.CDLL:
         ctypes.c_void_p, ctypes.c_int, i64p, i64p,
         ctypes.c_void_p, i64p,
         ctypes.c_int, ctypes.c_int, ctypes.c_int,
-        qp, qp, qp, ctypes.c_int, errp,
+        qp, qp, qp, ctypes.c_int, ctypes.c_int, errp,
     ]  # fmt: skip
+    library.etkit_gridsampler_best_isa.restype = ctypes.c_int
+    library.etkit_gridsampler_best_isa.argtypes = []
     library.etkit_gridsampler_plan.restype = ctypes.c_int
     library.etkit_gridsampler_plan.argtypes = [
         ctypes.c_int, ctypes.c_int, ctypes.c_int, qp, qp, ctypes.c_int, qp,

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import ctypes
+from typing import Literal
 
 import torch
 
 from etkit_gridsampler._library import native_library
 from etkit_gridsampler.op import MODE_CODES, PADDING_CODES, GridSampleOp
 from etkit_gridsampler.plan import UnsupportedOpError, c_qparams, unsupported_reason
+
+Isa = Literal["auto", "scalar", "avx2", "avx512"]
+# The C API's codes (etkit_gridsampler_best_isa); every instruction set computes the same bits.
+_ISA_CODES: dict[str, int] = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
+
+
+def available_isas() -> tuple[str, ...]:
+    """The instruction sets the integer kernel can use on this CPU, best last: a prefix of
+    ``("scalar", "avx2", "avx512")`` ("avx512": F, BW, DQ, VL, VBMI and VNNI). The vectorized
+    kernels serve bilinear sampling of 4-channel channels-last images into channels-last
+    outputs; every other configuration runs the scalar one, whatever ``isa`` says."""
+    best = native_library().etkit_gridsampler_best_isa()
+    return tuple(name for name, code in _ISA_CODES.items() if 0 < code <= best)
 
 
 def _int64_array(values: tuple[int, ...] | torch.Size) -> ctypes.Array[ctypes.c_int64]:
@@ -69,7 +83,12 @@ def _output_like(image: torch.Tensor, grid: torch.Tensor, dtype: torch.dtype) ->
 
 
 def grid_sample(
-    image: torch.Tensor, grid: torch.Tensor, op: GridSampleOp, *, num_threads: int = 0
+    image: torch.Tensor,
+    grid: torch.Tensor,
+    op: GridSampleOp,
+    *,
+    num_threads: int = 0,
+    isa: Isa = "auto",
 ) -> torch.Tensor:
     """Samples ``image`` (N x C x H x W, contiguous or channels-last) at ``grid`` (N x Ho x Wo x 2)
     as ``op`` says; the output has the image's memory format.
@@ -78,10 +97,16 @@ def grid_sample(
     int16 or int8 grid (the dtypes of ``op.image`` and ``op.grid``), int8 output when
     ``op.output`` is set, float32 otherwise, by the integer contract of docs/contract.md.
     ``num_threads``: 0 for all hardware threads (the integer kernel; the float one uses one).
+    ``isa``: the integer kernel's instruction set, ``"auto"`` for the best in
+    ``available_isas()``; all give the same bits (``"scalar"`` is there to check that).
 
     Raises ``ValueError`` for shapes or dtypes that do not fit, ``UnsupportedOpError`` (a
     ``ValueError``) for a configuration outside the contract."""
     check_inputs(image, grid)
+    if isa not in _ISA_CODES or (isa != "auto" and isa not in available_isas()):
+        raise ValueError(
+            f"isa must be 'auto' or one of {available_isas()} on this CPU, got {isa!r}"
+        )
     output_dtype = check_dtypes(image, grid, op)
     output = _output_like(image, grid, output_dtype)
     library = native_library()
@@ -106,7 +131,7 @@ def grid_sample(
         ctypes.byref(image_q) if image_q else None,
         ctypes.byref(grid_q) if grid_q else None,
         ctypes.byref(output_q) if output_q else None,
-        num_threads, ctypes.byref(error),
+        num_threads, _ISA_CODES[isa], ctypes.byref(error),
     )  # fmt: skip
     if status != 0:
         raise UnsupportedOpError(error.value.decode() if error.value else "unsupported op")
