@@ -236,13 +236,19 @@ NarrowRequant narrow_requant(int64_t multiplier, int64_t shift) {
 
 constexpr int64_t kBlock = 256;
 
-// Steps 1 to 3 for a block of pixels: what the second pass needs, per pixel.
+// Steps 1 to 3 for a block of pixels: what the second pass needs, per pixel. A pixel is on the
+// vector path when its taps are inside the image or have weight 0: x0 = width - 1 with wx = 0
+// (and y0 = height - 1 with wy = 0), as border and reflection padding give at the far edges.
+// There the upper row's 64-bit load starts 4 bytes early and is shifted right by 32 bits (v00 is
+// pixel x0, v01 reads 0 with weight 0), and the lower row's load reads row y0 again (weight 0).
 struct TapBlock {
-  alignas(64) int32_t offsets[kBlock];  // byte offset of tap (x0, y0); 0 where a tap is outside
-  alignas(64) int32_t wx_wy[kBlock];    // PixelWeights
+  alignas(64) int32_t offsets[kBlock];        // upper row: bytes from the plane to tap (x0, y0)
+  alignas(64) int32_t lower_offsets[kBlock];  // lower row: bytes from the plane's second row
+  alignas(64) int32_t shifts[kBlock];         // 32 at x0 = width - 1, else 0
+  alignas(64) int32_t wx_wy[kBlock];          // PixelWeights
   alignas(64) int32_t h_half[kBlock];
   alignas(64) int32_t l_half[kBlock];
-  int inside[kBlock / 8];  // per 8 pixels, bit i: all four taps of pixel i are inside
+  int inside[kBlock / 8];  // per 8 pixels, bit i: pixel i is on the vector path; 0 offsets if not
 };
 
 struct TapParams {
@@ -255,6 +261,10 @@ ETKIT_AVX2 inline __m256i load8(const int32_t* values) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
 }
 
+ETKIT_AVX2 inline __m128i load4(const int32_t* values) {
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(values));
+}
+
 // The block's taps, eight pixels at a time; `grid` points at the block's first grid point.
 template <typename GridT>
 ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_axis,
@@ -265,6 +275,8 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
   const __m256i weight_mask = _mm256_set1_epi32(0x7fff);
   const __m256i last_x0 = _mm256_set1_epi32(t.last_x0), last_y0 = _mm256_set1_epi32(t.last_y0);
   const __m256i stride_y = _mm256_set1_epi32(t.stride_y);
+  const __m256i minus_one = _mm256_set1_epi32(-1), four = _mm256_set1_epi32(4);
+  const __m256i thirty_two = _mm256_set1_epi32(32);
   for (int64_t i = 0; i < count; i += 8) {
     __m256i qx = _mm256_setzero_si256(), qy = _mm256_setzero_si256();
     if constexpr (std::is_same_v<GridT, int16_t>) {
@@ -288,15 +300,28 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
     }
     const __m256i x0 = _mm256_srai_epi32(qx, kWeightBits), wx = _mm256_and_si256(qx, weight_mask);
     const __m256i y0 = _mm256_srai_epi32(qy, kWeightBits), wy = _mm256_and_si256(qy, weight_mask);
-    // All four taps inside: 0 <= x0 <= width - 2 and 0 <= y0 <= height - 2 (unsigned compare).
-    const __m256i inside =
-        _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_min_epu32(x0, last_x0), x0),
-                         _mm256_cmpeq_epi32(_mm256_min_epu32(y0, last_y0), y0));
-    // Pixels with a tap outside read pixel (0, 0), and the scalar steps redo them.
-    const __m256i offsets = _mm256_and_si256(
-        inside, _mm256_add_epi32(_mm256_mullo_epi32(y0, stride_y), _mm256_slli_epi32(x0, 2)));
+    // On the vector path (TapBlock): 0 <= x0 <= width - 2 (an unsigned compare) or the edge
+    // x0 = width - 1 with wx = 0; the same for y.
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i edge_x = _mm256_and_si256(_mm256_cmpeq_epi32(x0, _mm256_sub_epi32(last_x0, minus_one)),
+                                            _mm256_cmpeq_epi32(wx, zero));
+    const __m256i edge_y = _mm256_and_si256(_mm256_cmpeq_epi32(y0, _mm256_sub_epi32(last_y0, minus_one)),
+                                            _mm256_cmpeq_epi32(wy, zero));
+    const __m256i inside = _mm256_and_si256(
+        _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_min_epu32(x0, last_x0), x0), edge_x),
+        _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_min_epu32(y0, last_y0), y0), edge_y));
+    const __m256i upper = _mm256_sub_epi32(
+        _mm256_add_epi32(_mm256_mullo_epi32(y0, stride_y), _mm256_slli_epi32(x0, 2)),
+        _mm256_and_si256(edge_x, four));
+    const __m256i lower = _mm256_sub_epi32(upper, _mm256_and_si256(edge_y, stride_y));
+    // Pixels off the vector path read pixel (0, 0), and the scalar steps redo them.
     const PixelWeights weights = pixel_weights(wx, wy);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(block->offsets + i), offsets);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(block->offsets + i),
+                       _mm256_and_si256(inside, upper));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(block->lower_offsets + i),
+                       _mm256_and_si256(inside, lower));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(block->shifts + i),
+                       _mm256_and_si256(_mm256_and_si256(inside, edge_x), thirty_two));
     _mm256_store_si256(reinterpret_cast<__m256i*>(block->wx_wy + i), weights.wx_wy);
     _mm256_store_si256(reinterpret_cast<__m256i*>(block->h_half + i), weights.h_half);
     _mm256_store_si256(reinterpret_cast<__m256i*>(block->l_half + i), weights.l_half);
@@ -334,6 +359,8 @@ ETKIT_AVX512 __attribute__((noinline)) void taps_block_avx512(const int16_t* gri
   const __m512i last_x0 = _mm512_set1_epi32(t.last_x0), last_y0 = _mm512_set1_epi32(t.last_y0);
   const __m512i stride_y = _mm512_set1_epi32(t.stride_y);
   const __m512i half = _mm512_set1_epi32(1 << 30);
+  const __m512i one = _mm512_set1_epi32(1), four = _mm512_set1_epi32(4);
+  const __m512i thirty_two = _mm512_set1_epi32(32);
   for (int64_t i = 0; i < count; i += 16) {
     const __mmask16 lanes = count - i >= 16 ? 0xFFFF : 0x00FF;  // count is a multiple of 8
     const __m512i xy = _mm512_maskz_loadu_epi32(lanes, grid + i * 2);
@@ -343,12 +370,22 @@ ETKIT_AVX512 __attribute__((noinline)) void taps_block_avx512(const int16_t* gri
         vector_tap_avx512(_mm512_sub_epi32(_mm512_srai_epi32(xy, 16), grid_zero), t.y);
     const __m512i x0 = _mm512_srai_epi32(qx, kWeightBits), wx = _mm512_and_si512(qx, weight_mask);
     const __m512i y0 = _mm512_srai_epi32(qy, kWeightBits), wy = _mm512_and_si512(qy, weight_mask);
-    const __mmask16 inside =
-        _mm512_cmple_epu32_mask(x0, last_x0) & _mm512_cmple_epu32_mask(y0, last_y0);
-    const __m512i offsets = _mm512_maskz_add_epi32(
-        inside, _mm512_mullo_epi32(y0, stride_y), _mm512_slli_epi32(x0, 2));
+    const __m512i zero = _mm512_setzero_si512();
+    const __mmask16 edge_x = _mm512_cmpeq_epi32_mask(x0, _mm512_add_epi32(last_x0, one)) &
+                             _mm512_cmpeq_epi32_mask(wx, zero);
+    const __mmask16 edge_y = _mm512_cmpeq_epi32_mask(y0, _mm512_add_epi32(last_y0, one)) &
+                             _mm512_cmpeq_epi32_mask(wy, zero);
+    const __mmask16 inside = (_mm512_cmple_epu32_mask(x0, last_x0) | edge_x) &
+                             (_mm512_cmple_epu32_mask(y0, last_y0) | edge_y);
+    __m512i upper = _mm512_add_epi32(_mm512_mullo_epi32(y0, stride_y), _mm512_slli_epi32(x0, 2));
+    upper = _mm512_mask_sub_epi32(upper, edge_x, upper, four);
+    const __m512i lower = _mm512_mask_sub_epi32(upper, edge_y, upper, stride_y);
     const __m512i product = _mm512_madd_epi16(wx, wy);
-    _mm512_mask_store_epi32(block->offsets + i, lanes, offsets);
+    _mm512_mask_store_epi32(block->offsets + i, lanes, _mm512_maskz_mov_epi32(inside, upper));
+    _mm512_mask_store_epi32(block->lower_offsets + i, lanes,
+                            _mm512_maskz_mov_epi32(inside, lower));
+    _mm512_mask_store_epi32(block->shifts + i, lanes,
+                            _mm512_maskz_mov_epi32(inside & edge_x, thirty_two));
     _mm512_mask_store_epi32(block->wx_wy + i, lanes,
                             _mm512_or_si512(wx, _mm512_slli_epi32(wy, 16)));
     _mm512_mask_store_epi32(block->h_half + i, lanes,
@@ -412,16 +449,21 @@ ETKIT_AVX512_VNNI __attribute__((noinline)) void sample_block_avx512(
   };
   for (int64_t i = 0; i < count; i += 16) {
     const __m512i offsets = _mm512_load_si512(block.offsets + i);
+    const __m512i lower_offsets = _mm512_load_si512(block.lower_offsets + i);
+    const __m512i shifts = _mm512_load_si512(block.shifts + i);
     const __m512i wx_wy = _mm512_load_si512(block.wx_wy + i);
     const __m512i h_half = _mm512_load_si512(block.h_half + i);
     const __m512i l_half = _mm512_load_si512(block.l_half + i);
     for (int g = 0; g < 2; ++g) {
-      const __m256i index = g == 0 ? _mm512_castsi512_si256(offsets)
-                                   : _mm512_extracti64x4_epi64(offsets, 1);
-      const __m512i up =
-          _mm512_permutexvar_epi8(split, _mm512_i32gather_epi64(index, upper_base, 1));
-      const __m512i down =
-          _mm512_permutexvar_epi8(split, _mm512_i32gather_epi64(index, lower_base, 1));
+      const auto half_of = [g](__m512i v) ETKIT_AVX512_VNNI {
+        return g == 0 ? _mm512_castsi512_si256(v) : _mm512_extracti64x4_epi64(v, 1);
+      };
+      const __m512i shift = _mm512_cvtepu32_epi64(half_of(shifts));
+      const __m512i up = _mm512_permutexvar_epi8(
+          split, _mm512_srlv_epi64(_mm512_i32gather_epi64(half_of(offsets), upper_base, 1), shift));
+      const __m512i down = _mm512_permutexvar_epi8(
+          split,
+          _mm512_srlv_epi64(_mm512_i32gather_epi64(half_of(lower_offsets), lower_base, 1), shift));
       const __m512i v00 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(up));
       const __m512i v01 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(up, 1));
       const __m512i v10 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(down));
@@ -543,17 +585,19 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
         sample_block_avx512(block, i, upper_base, lower_base, output_row + ox * 4, p, narrow);
       }
       for (; i < count; i += 8) {
-        const __m256i offsets = load8(block.offsets + i);
         const __m256i wx_wy = load8(block.wx_wy + i);
         const __m256i h_half = load8(block.h_half + i);
         const __m256i l_half = load8(block.l_half + i);
-        const __m128i offsets_lo = _mm256_castsi256_si128(offsets);
-        const __m128i offsets_hi = _mm256_extracti128_si256(offsets, 1);
-        const GroupTaps groups[2] = {
-            group_taps(_mm256_i32gather_epi64(upper_base, offsets_lo, 1),
-                       _mm256_i32gather_epi64(lower_base, offsets_lo, 1), zero_16),
-            group_taps(_mm256_i32gather_epi64(upper_base, offsets_hi, 1),
-                       _mm256_i32gather_epi64(lower_base, offsets_hi, 1), zero_16)};
+        const auto group = [&](int64_t first) ETKIT_AVX2 {
+          const __m256i shift = _mm256_cvtepu32_epi64(load4(block.shifts + first));
+          return group_taps(
+              _mm256_srlv_epi64(_mm256_i32gather_epi64(upper_base, load4(block.offsets + first), 1),
+                                shift),
+              _mm256_srlv_epi64(
+                  _mm256_i32gather_epi64(lower_base, load4(block.lower_offsets + first), 1), shift),
+              zero_16);
+        };
+        const GroupTaps groups[2] = {group(i), group(i + 4)};
         // Step 4: values[2 g] holds pixels 4g and 4g + 2, values[2 g + 1] 4g + 1 and 4g + 3.
         __m256i values[4];
         for (int g = 0; g < 2; ++g) {
