@@ -275,7 +275,9 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
   const __m256i weight_mask = _mm256_set1_epi32(0x7fff);
   const __m256i last_x0 = _mm256_set1_epi32(t.last_x0), last_y0 = _mm256_set1_epi32(t.last_y0);
   const __m256i stride_y = _mm256_set1_epi32(t.stride_y);
-  const __m256i minus_one = _mm256_set1_epi32(-1), four = _mm256_set1_epi32(4);
+  const __m256i last_x1 = _mm256_set1_epi32(t.last_x0 + 1);
+  const __m256i last_y1 = _mm256_set1_epi32(t.last_y0 + 1);
+  const __m256i four = _mm256_set1_epi32(4);
   const __m256i thirty_two = _mm256_set1_epi32(32);
   for (int64_t i = 0; i < count; i += 8) {
     __m256i qx = _mm256_setzero_si256(), qy = _mm256_setzero_si256();
@@ -303,9 +305,9 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
     // On the vector path (TapBlock): 0 <= x0 <= width - 2 (an unsigned compare) or the edge
     // x0 = width - 1 with wx = 0; the same for y.
     const __m256i zero = _mm256_setzero_si256();
-    const __m256i edge_x = _mm256_and_si256(_mm256_cmpeq_epi32(x0, _mm256_sub_epi32(last_x0, minus_one)),
+    const __m256i edge_x = _mm256_and_si256(_mm256_cmpeq_epi32(x0, last_x1),
                                             _mm256_cmpeq_epi32(wx, zero));
-    const __m256i edge_y = _mm256_and_si256(_mm256_cmpeq_epi32(y0, _mm256_sub_epi32(last_y0, minus_one)),
+    const __m256i edge_y = _mm256_and_si256(_mm256_cmpeq_epi32(y0, last_y1),
                                             _mm256_cmpeq_epi32(wy, zero));
     const __m256i inside = _mm256_and_si256(
         _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_min_epu32(x0, last_x0), x0), edge_x),
@@ -332,14 +334,16 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
 #define ETKIT_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl")))
 
 // floor(P / 2^16), clamped (AxisVector), of eight grid values d = q - zero, in one 512-bit pass.
+// The clamp comes first, against bounds less the (integer) offset, which commutes with the floor;
+// the floor is the conversion's own rounding.
 ETKIT_AVX512 inline __m256i floor_p16_avx512(__m256i d, const AxisVector& axis) {
   __m512d p = _mm512_fmadd_pd(_mm512_cvtepi32_pd(d), _mm512_set1_pd(axis.scale),
                               _mm512_set1_pd(axis.round));
-  p = _mm512_roundscale_pd(p, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  p = _mm512_min_pd(_mm512_max_pd(_mm512_add_pd(p, _mm512_set1_pd(axis.offset)),
-                                  _mm512_set1_pd(axis.low)),
-                    _mm512_set1_pd(axis.high));
-  return _mm512_cvtpd_epi32(p);
+  p = _mm512_min_pd(_mm512_max_pd(p, _mm512_set1_pd(axis.low - axis.offset)),
+                    _mm512_set1_pd(axis.high - axis.offset));
+  return _mm256_add_epi32(
+      _mm512_cvt_roundpd_epi32(p, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC),
+      _mm256_set1_epi32(static_cast<int32_t>(axis.offset)));
 }
 
 ETKIT_AVX512 inline __m512i vector_tap_avx512(__m512i d, const AxisVector& axis) {
@@ -447,23 +451,37 @@ ETKIT_AVX512_VNNI __attribute__((noinline)) void sample_block_avx512(
     return _mm512_sra_epi32(_mm512_add_epi32(x, _mm512_add_epi32(round_term, odd_bit)),
                             requant_shift);
   };
-  for (int64_t i = 0; i < count; i += 16) {
+  // The taps of sixteen pixels: [upper, lower] of pixels 0-7, then of 8-15; loaded one
+  // iteration ahead, so that the gathers' latency overlaps the arithmetic.
+  const auto gather_taps = [&](int64_t i, __m512i* taps) ETKIT_AVX512_VNNI {
     const __m512i offsets = _mm512_load_si512(block.offsets + i);
     const __m512i lower_offsets = _mm512_load_si512(block.lower_offsets + i);
     const __m512i shifts = _mm512_load_si512(block.shifts + i);
-    const __m512i wx_wy = _mm512_load_si512(block.wx_wy + i);
-    const __m512i h_half = _mm512_load_si512(block.h_half + i);
-    const __m512i l_half = _mm512_load_si512(block.l_half + i);
     for (int g = 0; g < 2; ++g) {
       const auto half_of = [g](__m512i v) ETKIT_AVX512_VNNI {
         return g == 0 ? _mm512_castsi512_si256(v) : _mm512_extracti64x4_epi64(v, 1);
       };
       const __m512i shift = _mm512_cvtepu32_epi64(half_of(shifts));
-      const __m512i up = _mm512_permutexvar_epi8(
+      taps[2 * g] = _mm512_permutexvar_epi8(
           split, _mm512_srlv_epi64(_mm512_i32gather_epi64(half_of(offsets), upper_base, 1), shift));
-      const __m512i down = _mm512_permutexvar_epi8(
+      taps[2 * g + 1] = _mm512_permutexvar_epi8(
           split,
           _mm512_srlv_epi64(_mm512_i32gather_epi64(half_of(lower_offsets), lower_base, 1), shift));
+    }
+  };
+  __m512i taps[4], next[4];
+  if (count > 0) {
+    gather_taps(0, taps);
+  }
+  for (int64_t i = 0; i < count; i += 16) {
+    if (i + 16 < count) {
+      gather_taps(i + 16, next);
+    }
+    const __m512i wx_wy = _mm512_load_si512(block.wx_wy + i);
+    const __m512i h_half = _mm512_load_si512(block.h_half + i);
+    const __m512i l_half = _mm512_load_si512(block.l_half + i);
+    for (int g = 0; g < 2; ++g) {
+      const __m512i up = taps[2 * g], down = taps[2 * g + 1];
       const __m512i v00 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(up));
       const __m512i v01 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(up, 1));
       const __m512i v10 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(down));
@@ -501,6 +519,9 @@ ETKIT_AVX512_VNNI __attribute__((noinline)) void sample_block_avx512(
         _mm512_storeu_ps(group_out, _mm512_permutex2var_ps(even, first_half, odd));
         _mm512_storeu_ps(group_out + 16, _mm512_permutex2var_ps(even, second_half, odd));
       }
+    }
+    for (int k = 0; k < 4; ++k) {
+      taps[k] = next[k];
     }
   }
 }
@@ -590,12 +611,11 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
         const __m256i l_half = load8(block.l_half + i);
         const auto group = [&](int64_t first) ETKIT_AVX2 {
           const __m256i shift = _mm256_cvtepu32_epi64(load4(block.shifts + first));
+          const __m128i upper = load4(block.offsets + first);
+          const __m128i lower = load4(block.lower_offsets + first);
           return group_taps(
-              _mm256_srlv_epi64(_mm256_i32gather_epi64(upper_base, load4(block.offsets + first), 1),
-                                shift),
-              _mm256_srlv_epi64(
-                  _mm256_i32gather_epi64(lower_base, load4(block.lower_offsets + first), 1), shift),
-              zero_16);
+              _mm256_srlv_epi64(_mm256_i32gather_epi64(upper_base, upper, 1), shift),
+              _mm256_srlv_epi64(_mm256_i32gather_epi64(lower_base, lower, 1), shift), zero_16);
         };
         const GroupTaps groups[2] = {group(i), group(i + 4)};
         // Step 4: values[2 g] holds pixels 4g and 4g + 2, values[2 g + 1] 4g + 1 and 4g + 3.
