@@ -39,7 +39,8 @@ def smooth_flow_grid(height: int, width: int) -> torch.Tensor:
 
 
 def seconds(run: Callable[[], object], repeats: int) -> float:
-    run()  # warm-up
+    for _ in range(3):  # warm-up: caches, page faults, idle cores waking
+        run()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -100,7 +101,7 @@ def run_size(height: int, width: int, repeats: int, threads: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     threads = os.cpu_count() or 1
     print(f"{threads} hardware threads; median of {args.repeats} runs; Mpix/s = output pixels/s")

@@ -4,6 +4,7 @@
 #include "quantized_steps.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <thread>
@@ -165,13 +166,26 @@ void grid_sample_quantized_parallel(const View4<const int8_t>& image,
     grid_sample_quantized(image, grid, output, plan, 0, rows, isa);
     return;
   }
+  // Rows are handed out in chunks as threads ask for them, so that a thread slowed down (a
+  // busy core, a little core) holds the others up by one chunk at most. The calling thread
+  // works too.
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(16, rows / (threads * 8)));
+  std::atomic<int64_t> next_row{0};
+  const auto work = [&] {
+    for (;;) {
+      const int64_t begin = next_row.fetch_add(chunk, std::memory_order_relaxed);
+      if (begin >= rows) {
+        return;
+      }
+      grid_sample_quantized(image, grid, output, plan, begin, std::min(rows, begin + chunk),
+                            isa);
+    }
+  };
   std::vector<std::thread> workers;
-  for (int64_t t = 0; t < threads; ++t) {
-    const int64_t begin = rows * t / threads, end = rows * (t + 1) / threads;
-    workers.emplace_back([&, begin, end] {
-      grid_sample_quantized(image, grid, output, plan, begin, end, isa);
-    });
+  for (int64_t t = 1; t < threads; ++t) {
+    workers.emplace_back(work);
   }
+  work();
   for (auto& worker : workers) {
     worker.join();
   }
