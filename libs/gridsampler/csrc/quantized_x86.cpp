@@ -600,6 +600,13 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
       } else {
         taps_block_avx2(grid_row + ox * grid_x, grid_x, grid_axis, count, taps, p, &block);
       }
+      // The image lines the gathers will read, requested now: their addresses are not a
+      // stream the hardware prefetchers follow.
+      for (int64_t j = 0; j < count; j += 8) {
+        _mm_prefetch(reinterpret_cast<const char*>(upper_base) + block.offsets[j], _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(lower_base) + block.lower_offsets[j],
+                     _MM_HINT_T0);
+      }
       int64_t i = 0;
       if (use_wide_samples) {
         i = count / 16 * 16;
