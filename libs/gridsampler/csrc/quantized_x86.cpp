@@ -572,7 +572,7 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
       _mm256_set1_epi16(static_cast<int16_t>(p.output_max))};
   const __m256 float_scale = _mm256_set1_ps(p.float_output_scale);
   const __m256i pixel_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-  TapBlock block;
+  TapBlock blocks[2];
 
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t n = row / out_height, oy = row % out_height;
@@ -590,23 +590,26 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
                           output_row + ox * output.strides[3], output_c, p);
     };
     // Blocks of pixels in two passes, so that the gathers of the second do not wait on the
-    // coordinate arithmetic of the first.
-    int64_t ox = 0;
-    for (; ox + 8 <= out_width; ox += kBlock) {
+    // coordinate arithmetic of the first; the first pass runs a block ahead of the second, so
+    // that the image lines it prefetches have arrived when the second gathers them.
+    const auto first_pass = [&](int64_t ox, TapBlock* block) ETKIT_AVX2 {
       const int64_t count = std::min<int64_t>(kBlock, (out_width - ox) / 8 * 8);
       if (use_avx512) {
         taps_block_avx512(reinterpret_cast<const int16_t*>(grid_row) + ox * 2, count, taps,
-                          &block);
+                          block);
       } else {
-        taps_block_avx2(grid_row + ox * grid_x, grid_x, grid_axis, count, taps, p, &block);
+        taps_block_avx2(grid_row + ox * grid_x, grid_x, grid_axis, count, taps, p, block);
       }
       // The image lines the gathers will read, requested now: their addresses are not a
       // stream the hardware prefetchers follow.
       for (int64_t j = 0; j < count; j += 8) {
-        _mm_prefetch(reinterpret_cast<const char*>(upper_base) + block.offsets[j], _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(lower_base) + block.lower_offsets[j],
+        _mm_prefetch(reinterpret_cast<const char*>(upper_base) + block->offsets[j], _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(lower_base) + block->lower_offsets[j],
                      _MM_HINT_T0);
       }
+      return count;
+    };
+    const auto second_pass = [&](int64_t ox, int64_t count, const TapBlock& block) ETKIT_AVX2 {
       int64_t i = 0;
       if (use_wide_samples) {
         i = count / 16 * 16;
@@ -670,10 +673,19 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
           }
         }
       }
-      if (count < kBlock) {
-        ox += count;
-        break;
-      }
+    };
+    int64_t ox = 0;
+    int current = 0;
+    int64_t count = out_width >= 8 ? first_pass(0, &blocks[0]) : 0;
+    while (count > 0) {
+      const int64_t next_ox = ox + count;
+      const int64_t next_count = count == kBlock && next_ox + 8 <= out_width
+                                     ? first_pass(next_ox, &blocks[current ^ 1])
+                                     : 0;
+      second_pass(ox, count, blocks[current]);
+      ox = next_ox;
+      count = next_count;
+      current ^= 1;
     }
     for (; ox < out_width; ++ox) {
       scalar_pixel(ox);
