@@ -615,19 +615,33 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
         i = count / 16 * 16;
         sample_block_avx512(block, i, upper_base, lower_base, output_row + ox * 4, p, narrow);
       }
+      // The gathered taps of four pixels, [upper, lower], one iteration ahead (as in
+      // sample_block_avx512).
+      const auto gather_group = [&](int64_t first, __m256i* taps) ETKIT_AVX2 {
+        const __m256i shift = _mm256_cvtepu32_epi64(load4(block.shifts + first));
+        taps[0] = _mm256_srlv_epi64(
+            _mm256_i32gather_epi64(upper_base, load4(block.offsets + first), 1), shift);
+        taps[1] = _mm256_srlv_epi64(
+            _mm256_i32gather_epi64(lower_base, load4(block.lower_offsets + first), 1), shift);
+      };
+      __m256i taps[4], next[4];
+      if (i < count) {
+        gather_group(i, taps);
+        gather_group(i + 4, taps + 2);
+      }
       for (; i < count; i += 8) {
+        if (i + 8 < count) {
+          gather_group(i + 8, next);
+          gather_group(i + 12, next + 2);
+        }
         const __m256i wx_wy = load8(block.wx_wy + i);
         const __m256i h_half = load8(block.h_half + i);
         const __m256i l_half = load8(block.l_half + i);
-        const auto group = [&](int64_t first) ETKIT_AVX2 {
-          const __m256i shift = _mm256_cvtepu32_epi64(load4(block.shifts + first));
-          const __m128i upper = load4(block.offsets + first);
-          const __m128i lower = load4(block.lower_offsets + first);
-          return group_taps(
-              _mm256_srlv_epi64(_mm256_i32gather_epi64(upper_base, upper, 1), shift),
-              _mm256_srlv_epi64(_mm256_i32gather_epi64(lower_base, lower, 1), shift), zero_16);
-        };
-        const GroupTaps groups[2] = {group(i), group(i + 4)};
+        const GroupTaps groups[2] = {group_taps(taps[0], taps[1], zero_16),
+                                     group_taps(taps[2], taps[3], zero_16)};
+        for (int k = 0; k < 4; ++k) {
+          taps[k] = next[k];
+        }
         // Step 4: values[2 g] holds pixels 4g and 4g + 2, values[2 g + 1] 4g + 1 and 4g + 3.
         __m256i values[4];
         for (int g = 0; g < 2; ++g) {
