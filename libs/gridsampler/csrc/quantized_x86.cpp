@@ -334,19 +334,29 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
 #define ETKIT_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl")))
 
 // floor(P / 2^16), clamped (AxisVector), of eight grid values d = q - zero, in one 512-bit pass.
-// The clamp comes first, against bounds less the (integer) offset, which commutes with the floor;
-// the floor is the conversion's own rounding.
-ETKIT_AVX512 inline __m256i floor_p16_avx512(__m256i d, const AxisVector& axis) {
-  __m512d p = _mm512_fmadd_pd(_mm512_cvtepi32_pd(d), _mm512_set1_pd(axis.scale),
-                              _mm512_set1_pd(axis.round));
-  p = _mm512_min_pd(_mm512_max_pd(p, _mm512_set1_pd(axis.low - axis.offset)),
-                    _mm512_set1_pd(axis.high - axis.offset));
-  return _mm256_add_epi32(
-      _mm512_cvt_roundpd_epi32(p, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC),
-      _mm256_set1_epi32(static_cast<int32_t>(axis.offset)));
+// AxisVector in registers, the clamp bounds less the offset (see floor_p16_avx512).
+struct AxisRegisters512 {
+  __m512d scale, round, low, high;
+  __m256i offset;
+};
+
+ETKIT_AVX512 AxisRegisters512 axis_registers_avx512(const AxisVector& axis) {
+  return {_mm512_set1_pd(axis.scale), _mm512_set1_pd(axis.round),
+          _mm512_set1_pd(axis.low - axis.offset), _mm512_set1_pd(axis.high - axis.offset),
+          _mm256_set1_epi32(static_cast<int32_t>(axis.offset))};
 }
 
-ETKIT_AVX512 inline __m512i vector_tap_avx512(__m512i d, const AxisVector& axis) {
+// floor(P / 2^16), clamped, of eight grid values d = q - zero, in one 512-bit pass. The clamp
+// comes first, against bounds less the (integer) offset, which commutes with the floor; the
+// floor is the conversion's own rounding.
+ETKIT_AVX512 inline __m256i floor_p16_avx512(__m256i d, const AxisRegisters512& axis) {
+  __m512d p = _mm512_fmadd_pd(_mm512_cvtepi32_pd(d), axis.scale, axis.round);
+  p = _mm512_min_pd(_mm512_max_pd(p, axis.low), axis.high);
+  return _mm256_add_epi32(_mm512_cvt_roundpd_epi32(p, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC),
+                          axis.offset);
+}
+
+ETKIT_AVX512 inline __m512i vector_tap_avx512(__m512i d, const AxisRegisters512& axis) {
   const __m512i p16 =
       _mm512_inserti64x4(_mm512_castsi256_si512(floor_p16_avx512(_mm512_castsi512_si256(d), axis)),
                          floor_p16_avx512(_mm512_extracti64x4_epi64(d, 1), axis), 1);
@@ -358,6 +368,7 @@ ETKIT_AVX512 inline __m512i vector_tap_avx512(__m512i d, const AxisVector& axis)
 ETKIT_AVX512 __attribute__((noinline)) void taps_block_avx512(const int16_t* grid, int64_t count,
                                                               const TapParams& t,
                                                               TapBlock* block) {
+  const AxisRegisters512 axis_x = axis_registers_avx512(t.x), axis_y = axis_registers_avx512(t.y);
   const __m512i grid_zero = _mm512_set1_epi32(t.grid_zero_point);
   const __m512i weight_mask = _mm512_set1_epi32(0x7fff);
   const __m512i last_x0 = _mm512_set1_epi32(t.last_x0), last_y0 = _mm512_set1_epi32(t.last_y0);
@@ -369,9 +380,9 @@ ETKIT_AVX512 __attribute__((noinline)) void taps_block_avx512(const int16_t* gri
     const __mmask16 lanes = count - i >= 16 ? 0xFFFF : 0x00FF;  // count is a multiple of 8
     const __m512i xy = _mm512_maskz_loadu_epi32(lanes, grid + i * 2);
     const __m512i qx = vector_tap_avx512(
-        _mm512_sub_epi32(_mm512_srai_epi32(_mm512_slli_epi32(xy, 16), 16), grid_zero), t.x);
+        _mm512_sub_epi32(_mm512_srai_epi32(_mm512_slli_epi32(xy, 16), 16), grid_zero), axis_x);
     const __m512i qy =
-        vector_tap_avx512(_mm512_sub_epi32(_mm512_srai_epi32(xy, 16), grid_zero), t.y);
+        vector_tap_avx512(_mm512_sub_epi32(_mm512_srai_epi32(xy, 16), grid_zero), axis_y);
     const __m512i x0 = _mm512_srai_epi32(qx, kWeightBits), wx = _mm512_and_si512(qx, weight_mask);
     const __m512i y0 = _mm512_srai_epi32(qy, kWeightBits), wy = _mm512_and_si512(qy, weight_mask);
     const __m512i zero = _mm512_setzero_si512();
