@@ -7,8 +7,9 @@ border padding. etkit: int8 image (channels-last, as a GPU texture), int16 SNORM
 SNORM8 output, with each instruction set this CPU offers (all give the same bits). PyTorch: the
 same work in float32 (NCHW and channels-last). The physical bound is the memory traffic of the
 bytes the int8 kernel must touch: reading the image and the grid and writing the output, as one
-vectorized numpy pass. All figures come from one run, side by side; ratios are against PyTorch's
-single-thread float32 throughput.
+vectorized numpy pass. All figures come from one run, the calls taking turns round after round
+(the machine is shared and its speed drifts); ratios are against PyTorch's single-thread float32
+throughput.
 """
 
 from __future__ import annotations
@@ -38,15 +39,33 @@ def smooth_flow_grid(height: int, width: int) -> torch.Tensor:
     return torch.stack((gx + flow_x, gy + flow_y), -1).unsqueeze(0)
 
 
-def seconds(run: Callable[[], object], repeats: int) -> float:
-    for _ in range(3):  # warm-up: caches, page faults, idle cores waking
-        run()
-    times = []
-    for _ in range(repeats):
+class Case:
+    """One measured call; `every`: it runs in one round of that many (slow ones)."""
+
+    def __init__(self, run: Callable[[], object], torch_threads: int = 1, every: int = 1) -> None:
+        self.run, self.torch_threads, self.every = run, torch_threads, every
+        self.times: list[float] = []
+
+    def call(self) -> float:
+        # idle OpenMP workers would spin on the cores etkit's threads use: torch gets threads
+        # only for its own calls
+        torch.set_num_threads(self.torch_threads)
         start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        self.run()
+        return time.perf_counter() - start
+
+
+def measure(cases: dict[str, Case], repeats: int) -> dict[str, float]:
+    """Median seconds per case. The cases take turns, round after round, so that every ratio
+    compares calls made under the same conditions on a shared, drifting machine."""
+    for case in cases.values():  # warm-up: caches, page faults, idle cores waking, shaders
+        for _ in range(3 if case.every == 1 else 1):
+            case.call()
+    for round_index in range(repeats):
+        for case in cases.values():
+            if round_index % case.every == 0:
+                case.times.append(case.call())
+    return {name: statistics.median(case.times) for name, case in cases.items()}
 
 
 def run_size(height: int, width: int, repeats: int, threads: int) -> None:
@@ -59,40 +78,35 @@ def run_size(height: int, width: int, repeats: int, threads: int) -> None:
     image_f_nhwc = image_f.contiguous(memory_format=torch.channels_last)
     pixels = height * width / 1e6
 
-    def torch_f32(image: torch.Tensor, n: int) -> float:
-        torch.set_num_threads(n)
-        return seconds(
-            lambda: F.grid_sample(image, grid_f, padding_mode="border", align_corners=False),
-            repeats,
-        )
+    def torch_f32(image: torch.Tensor) -> Callable[[], object]:
+        return lambda: F.grid_sample(image, grid_f, padding_mode="border", align_corners=False)
 
-    results = {
-        "torch float32 NCHW, 1 thread": torch_f32(image_f, 1),
-        "torch float32 NHWC, 1 thread": torch_f32(image_f_nhwc, 1),
-        f"torch float32 NCHW, {threads} threads": torch_f32(image_f, threads),
+    def etkit(isa: str, n: int) -> Callable[[], object]:
+        return lambda: cpu.grid_sample(image_q, grid_q, OP, num_threads=n, isa=isa)  # type: ignore[arg-type]
+
+    cases = {
+        "torch float32 NCHW, 1 thread": Case(torch_f32(image_f)),
+        "torch float32 NHWC, 1 thread": Case(torch_f32(image_f_nhwc)),
+        f"torch float32 NCHW, {threads} threads": Case(torch_f32(image_f), torch_threads=threads),
     }
-    torch.set_num_threads(1)  # idle OpenMP workers would spin on the cores etkit's threads use
     isas = cpu.available_isas()
     for isa in isas:
-        results[f"etkit int8/int16 {isa}, 1 thread"] = seconds(
-            lambda isa=isa: cpu.grid_sample(image_q, grid_q, OP, num_threads=1, isa=isa),
-            repeats if isa != "scalar" else max(2, repeats // 3),
+        cases[f"etkit int8/int16 {isa}, 1 thread"] = Case(
+            etkit(isa, 1), every=3 if isa == "scalar" else 1
         )
     if threads > 1:
-        results[f"etkit int8/int16 {isas[-1]}, {threads} threads"] = seconds(
-            lambda: cpu.grid_sample(image_q, grid_q, OP, num_threads=threads), repeats
-        )
+        cases[f"etkit int8/int16 {isas[-1]}, {threads} threads"] = Case(etkit("auto", threads))
     image_bytes = image_q.numpy().reshape(-1)
-    grid_bytes = grid_q.numpy().reshape(-1).view(np.int8)
+    grid_bytes = grid_q.numpy().reshape(-1).view(np.int8)[: image_bytes.size]
     output_bytes = np.empty_like(image_bytes)
-    results["memory: read image and grid, write output"] = seconds(
-        lambda: np.add(image_bytes, grid_bytes[: image_bytes.size], out=output_bytes), repeats
+    cases["memory: read image and grid, write output"] = Case(
+        lambda: np.add(image_bytes, grid_bytes, out=output_bytes)
     )
     if vulkan.is_available():
-        vulkan.grid_sample(image_q, grid_q, OP)  # compile the shader
-        results["etkit Vulkan (lavapipe), incl. transfers"] = seconds(
-            lambda: vulkan.grid_sample(image_q, grid_q, OP), max(2, repeats // 3)
+        cases["etkit Vulkan (lavapipe), incl. transfers"] = Case(
+            lambda: vulkan.grid_sample(image_q, grid_q, OP), every=5
         )
+    results = measure(cases, repeats)
     baseline = results["torch float32 NCHW, 1 thread"]
     print(f"\n1x4x{height}x{width}, bilinear, border, smooth flow near identity")
     for name, value in results.items():
@@ -104,7 +118,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     threads = os.cpu_count() or 1
-    print(f"{threads} hardware threads; median of {args.repeats} runs; Mpix/s = output pixels/s")
+    print(
+        f"{threads} hardware threads; median of {args.repeats} rounds (scalar: every third, "
+        "Vulkan: every fifth); Mpix/s = output pixels/s"
+    )
     for height, width in ((540, 960), (1080, 1920)):
         run_size(height, width, args.repeats, threads)
     torch.set_num_threads(threads)
