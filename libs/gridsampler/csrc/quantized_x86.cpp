@@ -333,34 +333,35 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
 
 #define ETKIT_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl")))
 
-// floor(P / 2^16), clamped (AxisVector), of eight grid values d = q - zero, in one 512-bit pass.
-// AxisVector in registers, the clamp bounds less the offset (see floor_p16_avx512).
+// AxisVector in registers: the clamp bounds less the offset, and the offset plus 1 (see
+// floor_p16_plus_1).
 struct AxisRegisters512 {
   __m512d scale, round, low, high;
-  __m256i offset;
+  __m256i offset_plus_1;
 };
 
 ETKIT_AVX512 AxisRegisters512 axis_registers_avx512(const AxisVector& axis) {
   return {_mm512_set1_pd(axis.scale), _mm512_set1_pd(axis.round),
           _mm512_set1_pd(axis.low - axis.offset), _mm512_set1_pd(axis.high - axis.offset),
-          _mm256_set1_epi32(static_cast<int32_t>(axis.offset))};
+          _mm256_set1_epi32(static_cast<int32_t>(axis.offset) + 1)};
 }
 
-// floor(P / 2^16), clamped, of eight grid values d = q - zero, in one 512-bit pass. The clamp
-// comes first, against bounds less the (integer) offset, which commutes with the floor; the
-// floor is the conversion's own rounding.
-ETKIT_AVX512 inline __m256i floor_p16_avx512(__m256i d, const AxisRegisters512& axis) {
+// floor(P / 2^16) + 1, clamped as AxisVector says, of eight grid values d = q - zero, in one
+// 512-bit pass. The clamp comes first, against bounds less the (integer) offset, which commutes
+// with the floor; the floor is the conversion's own rounding.
+ETKIT_AVX512 inline __m256i floor_p16_plus_1(__m256i d, const AxisRegisters512& axis) {
   __m512d p = _mm512_fmadd_pd(_mm512_cvtepi32_pd(d), axis.scale, axis.round);
   p = _mm512_min_pd(_mm512_max_pd(p, axis.low), axis.high);
   return _mm256_add_epi32(_mm512_cvt_roundpd_epi32(p, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC),
-                          axis.offset);
+                          axis.offset_plus_1);
 }
 
+// Q (see scalar_tap) of sixteen grid values: floor((floor(P / 2^16) + 1) / 2).
 ETKIT_AVX512 inline __m512i vector_tap_avx512(__m512i d, const AxisRegisters512& axis) {
-  const __m512i p16 =
-      _mm512_inserti64x4(_mm512_castsi256_si512(floor_p16_avx512(_mm512_castsi512_si256(d), axis)),
-                         floor_p16_avx512(_mm512_extracti64x4_epi64(d, 1), axis), 1);
-  return _mm512_srai_epi32(_mm512_add_epi32(p16, _mm512_set1_epi32(1)), 1);
+  const __m512i p16_plus_1 =
+      _mm512_inserti64x4(_mm512_castsi256_si512(floor_p16_plus_1(_mm512_castsi512_si256(d), axis)),
+                         floor_p16_plus_1(_mm512_extracti64x4_epi64(d, 1), axis), 1);
+  return _mm512_srai_epi32(p16_plus_1, 1);
 }
 
 // taps_block_avx2 for int16 grids on the vector coordinate path, sixteen pixels at a time: the
@@ -437,14 +438,19 @@ ETKIT_AVX512_VNNI __attribute__((noinline)) void sample_block_avx512(
   const __m512i zero_16 = _mm512_set1_epi16(static_cast<int16_t>(p.image_zero_point));
   const __m512i one_16 = _mm512_set1_epi16(1);
   // unpacklo takes pixels 0, 2, 4, 6 of eight, unpackhi 1, 3, 5, 7 (one per 128-bit lane)
-  const __m512i even_pixels = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
-  const __m512i odd_pixels = _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7);
-  const __m512i eight = _mm512_set1_epi32(8);
-  const __m512i round_term =
-      _mm512_set1_epi32(static_cast<int32_t>((int64_t(1) << (requant.shift - 1)) - 1));
+  // (for pixels 0-7, then for 8-15)
+  const __m512i pixel_index[2][2] = {
+      {_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6),
+       _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7)},
+      {_mm512_setr_epi32(8, 8, 8, 8, 10, 10, 10, 10, 12, 12, 12, 12, 14, 14, 14, 14),
+       _mm512_setr_epi32(9, 9, 9, 9, 11, 11, 11, 11, 13, 13, 13, 13, 15, 15, 15, 15)}};
+  const __m512i half_step =
+      _mm512_set1_epi32(static_cast<int32_t>(int64_t(1) << (requant.shift - 1)));
+  const __m512i below_step =
+      _mm512_set1_epi32(static_cast<int32_t>((int64_t(1) << requant.shift) - 1));
+  const __m512i not_one = _mm512_set1_epi32(~1);
   const __m512i requant_multiplier = _mm512_set1_epi32(requant.multiplier);
   const __m128i requant_shift = _mm_cvtsi64_si128(requant.shift);
-  const __m512i one_32 = _mm512_set1_epi32(1);
   const __m512i output_zero = _mm512_set1_epi16(static_cast<int16_t>(p.output_zero_point));
   const __m512i output_min = _mm512_set1_epi16(static_cast<int16_t>(p.output_min));
   const __m512i output_max = _mm512_set1_epi16(static_cast<int16_t>(p.output_max));
@@ -458,9 +464,10 @@ ETKIT_AVX512_VNNI __attribute__((noinline)) void sample_block_avx512(
   const auto requantize16 = [&](__m512i value) ETKIT_AVX512_VNNI {
     const __m512i x =
         requant.multiplier == 1 ? value : _mm512_mullo_epi32(value, requant_multiplier);
-    const __m512i odd_bit = _mm512_and_si512(_mm512_srl_epi32(x, requant_shift), one_32);
-    return _mm512_sra_epi32(_mm512_add_epi32(x, _mm512_add_epi32(round_term, odd_bit)),
-                            requant_shift);
+    // halves up, then a tie (nothing below the step after adding the half) made even
+    const __m512i y = _mm512_add_epi32(x, half_step);
+    const __m512i q = _mm512_sra_epi32(y, requant_shift);
+    return _mm512_mask_and_epi32(q, _mm512_testn_epi32_mask(y, below_step), q, not_one);
   };
   // The taps of sixteen pixels: [upper, lower] of pixels 0-7, then of 8-15; loaded one
   // iteration ahead, so that the gathers' latency overlaps the arithmetic.
@@ -503,8 +510,7 @@ ETKIT_AVX512_VNNI __attribute__((noinline)) void sample_block_avx512(
       const __m512i z = _mm512_slli_epi16(_mm512_sub_epi16(v00, zero_16), 1);
       __m512i values[2];
       for (int half = 0; half < 2; ++half) {
-        const __m512i pixels = _mm512_add_epi32(half == 0 ? even_pixels : odd_pixels,
-                                                g == 0 ? _mm512_setzero_si512() : eight);
+        const __m512i pixels = pixel_index[g][half];
         const __m512i a_e =
             half == 0 ? _mm512_unpacklo_epi16(a, e) : _mm512_unpackhi_epi16(a, e);
         const __m512i b_z =
