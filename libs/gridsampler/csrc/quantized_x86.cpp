@@ -3,8 +3,10 @@
 // load. Each block of up to 256 output pixels of a row takes two passes: the taps and weights
 // (steps 1 to 3), then the gathers, the interpolation and the requantization (steps 4 and 5);
 // AVX2 does eight pixels at a time, AVX-512 sixteen. Every step gives the bits of the scalar
-// steps (quantized_steps.h); the comments say why each rewrite is exact. Pixels whose taps are
-// not all inside the image are redone by the scalar steps.
+// steps (quantized_steps.h); the comments say why each rewrite is exact. Pixels with a tap
+// outside the image that carries weight are redone by the scalar steps. The first pass runs a
+// block ahead of the second and prefetches the image lines it will gather; the second gathers
+// one step ahead of its arithmetic.
 #include "quantized_x86.h"
 
 #include <algorithm>
