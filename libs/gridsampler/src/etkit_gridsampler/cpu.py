@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from functools import cache
 from typing import Literal
 
 import torch
@@ -16,6 +17,7 @@ Isa = Literal["auto", "scalar", "avx2", "avx512"]
 _ISA_CODES: dict[str, int] = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
 
 
+@cache
 def available_isas() -> tuple[str, ...]:
     """The instruction sets the integer kernel can use on this CPU, best last: a prefix of
     ``("scalar", "avx2", "avx512")`` ("avx512": F, BW, DQ, VL, VBMI and VNNI). The vectorized

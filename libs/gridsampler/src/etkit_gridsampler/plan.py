@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -31,6 +32,7 @@ def c_qparams(qparams: QParams | None) -> CQParams | None:
     return CQParams(qparams.scale, qparams.zero_point, qparams.quant_min, qparams.quant_max)
 
 
+@lru_cache(maxsize=1024)  # a pure function of values; the CPU kernel asks it on every call
 def unsupported_reason(op: GridSampleOp, height: int, width: int) -> str | None:
     """Why ``op`` on an image of ``height`` x ``width`` is outside the backend's contract, or
     ``None`` when the backend implements it."""
