@@ -10,19 +10,10 @@ import torch
 from executorch.backends.arm.quantizer import VgfQuantizer, get_symmetric_quantization_config
 from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
 from executorch.exir import to_edge_transform_and_lower
+from quant_models import NoGridSampler
 
 from etkit_exporter.scenario import run_vgf, vgf_delegates
 from etkit_quant import BoundaryQuantizer, is_dequantize, is_quantize, quantize, snorm8
-
-
-class NoGridSampler(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.conv2 = torch.nn.Conv2d(8, 4, 1)
-
-    def forward(self, image: torch.Tensor) -> torch.Tensor:
-        return torch.clamp(self.conv2(torch.relu(self.conv1(image))), -1, 1)
 
 
 def _example() -> tuple[torch.nn.Module, torch.Tensor]:

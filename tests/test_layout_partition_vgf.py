@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from executorch.backends.arm.quantizer import VgfQuantizer, get_symmetric_quantization_config
 from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
 from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.passes.quantize_io_pass import extract_io_quant_params
+from quant_models import FlowWarp
 
 from etkit_exporter.scenario import run_vgf, vgf_delegates
 from etkit_exporter.tosa import tosa_op_counts
@@ -33,22 +33,6 @@ from etkit_quant import (
 )
 
 SPEC = "TOSA-1.0+INT+FP+int16"
-
-
-class FlowWarp(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.flow = torch.nn.Conv2d(6, 2, 3, padding=1)
-        self.refine = torch.nn.Conv2d(3, 3, 3, padding=1)
-
-    def forward(self, frame0: torch.Tensor, frame1: torch.Tensor) -> torch.Tensor:
-        _, _, height, width = frame0.shape
-        ys, xs = torch.linspace(-1, 1, height), torch.linspace(-1, 1, width)
-        grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
-        base = torch.stack((grid_x, grid_y), -1).unsqueeze(0)
-        grid = base + self.flow(torch.cat([frame0, frame1], 1)).permute(0, 2, 3, 1) * 0.1
-        warped = F.grid_sample(frame0, grid, padding_mode="border", align_corners=False)
-        return self.refine(warped)
 
 
 def _transposes(folder: Path) -> int:

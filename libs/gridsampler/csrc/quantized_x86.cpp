@@ -333,7 +333,9 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
   }
 }
 
-#define ETKIT_AVX512 __attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl")))
+// The subsets avx512_supported requires, for both AVX-512 passes.
+#define ETKIT_AVX512 \
+  __attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512vnni")))
 
 // AxisVector in registers: the clamp bounds less the offset, and the offset plus 1 (see
 // floor_p16_plus_1).
@@ -418,16 +420,12 @@ ETKIT_AVX512 __attribute__((noinline)) void taps_block_avx512(const int16_t* gri
   }
 }
 
-
-#define ETKIT_AVX512_VNNI \
-  __attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512vnni")))
-
 // Steps 4 and 5 (the second pass) for pixels [0, count) of a block, count a multiple of 16,
 // sixteen pixels at a time: the arithmetic of group_taps, pair_value and requantize8 (32-bit
 // form) in 512-bit lanes, with one byte permutation (VBMI) per row of taps and fused
 // multiply-adds (VNNI). `requant` is the narrow form; unused for float output.
 template <typename OutT>
-ETKIT_AVX512_VNNI __attribute__((noinline)) void sample_block_avx512(
+ETKIT_AVX512 __attribute__((noinline)) void sample_block_avx512(
     const TapBlock& block, int64_t count, const long long* upper_base,
     const long long* lower_base, OutT* out, const QuantizedPlan& p,
     const NarrowRequant& requant) {
@@ -463,7 +461,7 @@ ETKIT_AVX512_VNNI __attribute__((noinline)) void sample_block_avx512(
   const __m512i second_half =
       _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
 
-  const auto requantize16 = [&](__m512i value) ETKIT_AVX512_VNNI {
+  const auto requantize16 = [&](__m512i value) ETKIT_AVX512 {
     const __m512i x =
         requant.multiplier == 1 ? value : _mm512_mullo_epi32(value, requant_multiplier);
     // halves up, then a tie (nothing below the step after adding the half) made even
@@ -473,12 +471,12 @@ ETKIT_AVX512_VNNI __attribute__((noinline)) void sample_block_avx512(
   };
   // The taps of sixteen pixels: [upper, lower] of pixels 0-7, then of 8-15; loaded one
   // iteration ahead, so that the gathers' latency overlaps the arithmetic.
-  const auto gather_taps = [&](int64_t i, __m512i* taps) ETKIT_AVX512_VNNI {
+  const auto gather_taps = [&](int64_t i, __m512i* taps) ETKIT_AVX512 {
     const __m512i offsets = _mm512_load_si512(block.offsets + i);
     const __m512i lower_offsets = _mm512_load_si512(block.lower_offsets + i);
     const __m512i shifts = _mm512_load_si512(block.shifts + i);
     for (int g = 0; g < 2; ++g) {
-      const auto half_of = [g](__m512i v) ETKIT_AVX512_VNNI {
+      const auto half_of = [g](__m512i v) ETKIT_AVX512 {
         return g == 0 ? _mm512_castsi512_si256(v) : _mm512_extracti64x4_epi64(v, 1);
       };
       const __m512i shift = _mm512_cvtepu32_epi64(half_of(shifts));
