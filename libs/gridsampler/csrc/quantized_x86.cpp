@@ -2,14 +2,17 @@
 // int8 image, where one pixel is one 32-bit word and its two horizontal bilinear taps one 64-bit
 // load. Each block of up to 256 output pixels of a row takes two passes: the taps and weights
 // (steps 1 to 3), then the gathers, the interpolation and the requantization (steps 4 and 5);
-// AVX2 does eight pixels at a time, AVX-512 sixteen. Every step gives the bits of the scalar
-// steps (quantized_steps.h); the comments say why each rewrite is exact. Pixels with a tap
+// AVX2 does eight pixels at a time with 16-bit multiply-adds of tap differences; AVX-512 does
+// sixteen with integer coordinates and byte dot products of the raw taps (VNNI). Every step
+// gives the bits of the scalar steps (quantized_steps.h); the comments say why each rewrite is
+// exact. Pixels with a tap
 // outside the image that carries weight are redone by the scalar steps. The first pass runs a
 // block ahead of the second and prefetches the image lines it will gather; the second gathers
 // one step ahead of its arithmetic.
 #include "quantized_x86.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <type_traits>
@@ -337,8 +340,98 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
 #define ETKIT_AVX512 \
   __attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512vnni")))
 
-// AxisVector in registers: the clamp bounds less the offset, and the offset plus 1 (see
-// floor_p16_plus_1).
+// The AVX-512 path, sixteen pixels at a time, restates steps 3 and 4 so that it needs neither
+// per-pixel broadcasts nor 16-bit tap differences:
+//
+// - Step 3: where Q names the far edge x0 = width - 1 with wx = 0, it names x0 = width - 2 with
+//   wx = 2^15 instead (the same for y): the same taps with the same weights, so the value is the
+//   same (below), and every tap of a pixel on the vector path is inside the image.
+// - Step 4: with h = (wx * wy) >> 15, l = (wx * wy) & 0x7fff and the tap weights
+//   c00 = 2^15 - wx - wy + h, c01 = wx - h, c10 = wy - h, c11 = h (each in [0, 2^15], summing
+//   to 2^15), the scalar value v00 * 2^15 + a * wx + e * wy + b * h + (b * l + 2^14) >> 15
+//   (see the AVX2 step 4 above) is
+//     sum(c * q) - zero * 2^15 + (b * l + 2^14) >> 15,   b = q00 - q01 - q10 + q11,
+//   with q the raw int8 taps: expanding a, e and b gives the c, and the zero point drops out of b
+//   and leaves -zero * sum(c). With wx = 2^15 (the edge form) h = wy and l = 0, so the weights
+//   move from the tap at width to the tap at width - 1 and the last term stays 0: the same value.
+//   sum(c * q) is two byte dot products (VNNI), over the low and the high bytes of the c, and b
+//   a third one, of q + 128 with (1, -1, -1, 1).
+// - Lanes: a vector holds one channel pair of eight pixels ([c0 of pixels 0-7 | c1 of 0-7]), so
+//   the weights of eight pixels are one 256-bit broadcast load.
+
+// Steps 1 and 2 and the Q of step 3 for one axis of an int16 grid with zeros or border padding,
+// in 64-bit integer lanes. With F = floor(P / 2^16) clamped as AxisVector says, Q = floor((F +
+// 1) / 2); F = floor((d * M + R) / 2^K) + offset / 2^16 with d = q - zero, K = s + 16 and
+// R = 2^(s-1) (0 when s <= 0), so Q = floor((q * M + C) / 2^S) with S = K + 1 and
+// C = R - zero * M + (offset / 2^16 + 1) * 2^K, clamped to half the bounds of F (the map
+// F -> floor((F + 1) / 2) is monotone and the bounds are even). Halving M and S together while M
+// is even and halving C (floor) leaves Q unchanged, as q * M is an integer. It applies when
+// M < 2^31 (one 32 x 32 -> 64-bit multiply), S <= 32 and Q stays below 2^30 in magnitude.
+struct AxisInteger {
+  bool applies;
+  int32_t multiplier;
+  int64_t constant;
+  int shift;
+  int32_t low, high;
+};
+
+AxisInteger plan_axis_integer(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
+                              bool int16_grid) {
+  AxisInteger integer{};
+  if (!int16_grid || padding == Padding::kReflection || axis.multiplier <= 0 ||
+      axis.shift < -16 || axis.shift > 40) {
+    return integer;
+  }
+  const int64_t k = axis.shift + 16;
+  __int128 multiplier = axis.multiplier;
+  __int128 constant = (axis.shift > 0 ? (static_cast<__int128>(1) << (axis.shift - 1)) : 0) +
+                      ((static_cast<__int128>(axis.offset >> 16) + 1) << k) -
+                      static_cast<__int128>(grid_zero_point) * multiplier;
+  int64_t shift = k + 1;
+  while (shift > 0 && (multiplier & 1) == 0) {
+    multiplier >>= 1;
+    constant >>= 1;  // an arithmetic shift: floor(C / 2)
+    --shift;
+  }
+  const __int128 extreme = 32768 * multiplier + (constant < 0 ? -constant : constant);
+  if (multiplier >= (static_cast<__int128>(1) << 31) || shift > 32 ||
+      extreme >= (static_cast<__int128>(1) << 62) ||
+      (extreme >> shift) >= (static_cast<__int128>(1) << 30)) {
+    return integer;
+  }
+  integer.applies = true;
+  integer.multiplier = static_cast<int32_t>(multiplier);
+  integer.constant = static_cast<int64_t>(constant);
+  integer.shift = static_cast<int>(shift);
+  const bool border = padding == Padding::kBorder;
+  integer.low = border ? 0 : -65536;
+  integer.high = static_cast<int32_t>((border ? axis.size - 1 : axis.size) * 32768);
+  return integer;
+}
+
+struct AxisInteger512 {
+  __m512i multiplier, constant, low, high;
+  __m128i even_shift, odd_shift;  // S, and 32 - S: the odd lanes' Q lands in the upper half
+};
+
+ETKIT_AVX512 AxisInteger512 axis_integer_registers(const AxisInteger& axis) {
+  return {_mm512_set1_epi64(axis.multiplier),     _mm512_set1_epi64(axis.constant),
+          _mm512_set1_epi32(axis.low),            _mm512_set1_epi32(axis.high),
+          _mm_cvtsi32_si128(axis.shift),          _mm_cvtsi32_si128(32 - axis.shift)};
+}
+
+// Q of sixteen grid values q (sign-extended in 32-bit lanes).
+ETKIT_AVX512 inline __m512i integer_tap(__m512i q, const AxisInteger512& axis) {
+  const __m512i even = _mm512_add_epi64(_mm512_mul_epi32(q, axis.multiplier), axis.constant);
+  const __m512i odd = _mm512_add_epi64(
+      _mm512_mul_epi32(_mm512_srli_epi64(q, 32), axis.multiplier), axis.constant);
+  const __m512i taps = _mm512_mask_blend_epi32(0xAAAA, _mm512_srl_epi64(even, axis.even_shift),
+                                               _mm512_sll_epi64(odd, axis.odd_shift));
+  return _mm512_min_epi32(_mm512_max_epi32(taps, axis.low), axis.high);
+}
+
+// AxisVector in registers, for the float64 form where the integer one does not apply: the clamp
+// bounds less the offset, and the offset plus 1 (see floor_p16_plus_1).
 struct AxisRegisters512 {
   __m512d scale, round, low, high;
   __m256i offset_plus_1;
@@ -368,51 +461,112 @@ ETKIT_AVX512 inline __m512i vector_tap_avx512(__m512i d, const AxisRegisters512&
   return _mm512_srai_epi32(p16_plus_1, 1);
 }
 
-// taps_block_avx2 for int16 grids on the vector coordinate path, sixteen pixels at a time: the
-// same steps, the same bits.
-ETKIT_AVX512 __attribute__((noinline)) void taps_block_avx512(const int16_t* grid, int64_t count,
-                                                              const TapParams& t,
-                                                              TapBlock* block) {
-  const AxisRegisters512 axis_x = axis_registers_avx512(t.x), axis_y = axis_registers_avx512(t.y);
+// What the AVX-512 sampling pass needs, per pixel.
+struct WideTapBlock {
+  alignas(64) int32_t offsets[kBlock];       // bytes from the plane to tap (x0, y0); 0 if not
+                                             // on the vector path
+  alignas(64) uint32_t low_weights[kBlock];  // bytes c00, c01, c10, c11 mod 2^8
+  alignas(64) uint32_t high_weights[kBlock];  // bytes c00, c01, c10, c11 >> 8 (at most 128)
+  alignas(64) int32_t cross[kBlock];          // l
+  int inside[kBlock / 8];  // per 8 pixels, bit i: pixel i is on the vector path
+};
+
+enum class Coordinates { kInteger, kFloat, kScalar };
+
+struct WideTapParams {
+  Coordinates coordinates;
+  AxisInteger x_integer, y_integer;
+  AxisVector x_float, y_float;
+  int32_t grid_zero_point, last_x0, last_y0, stride_y;  // last: size - 2
+};
+
+// Byte indexes into [A | B] (two packus_epi32 results: A = [c00 | c01], B = [c10 | h] per four
+// pixels) that gather each pixel's low (high: + 1) weight bytes.
+constexpr std::array<uint8_t, 64> weight_byte_index(int high) {
+  std::array<uint8_t, 64> index{};
+  for (int pixel = 0; pixel < 16; ++pixel) {
+    const int base = 16 * (pixel / 4) + 2 * (pixel % 4) + high;
+    index[4 * pixel + 0] = static_cast<uint8_t>(base);           // c00
+    index[4 * pixel + 1] = static_cast<uint8_t>(base + 8);       // c01
+    index[4 * pixel + 2] = static_cast<uint8_t>(64 + base);      // c10
+    index[4 * pixel + 3] = static_cast<uint8_t>(64 + base + 8);  // c11
+  }
+  return index;
+}
+
+// Steps 1 to 3 for a block of pixels (count a multiple of 8), sixteen at a time: Q of each axis
+// by `kCoordinates` (int16 grids in (x, y) pairs for the vector forms), then the edge form, the
+// offsets and the weights.
+template <typename GridT, Coordinates kCoordinates>
+ETKIT_AVX512 __attribute__((noinline)) void taps_block_wide(const GridT* grid, int64_t grid_x,
+                                                            int64_t grid_axis, int64_t count,
+                                                            const WideTapParams& t,
+                                                            const QuantizedPlan& p,
+                                                            WideTapBlock* block) {
+  const AxisInteger512 integer_x = axis_integer_registers(t.x_integer);
+  const AxisInteger512 integer_y = axis_integer_registers(t.y_integer);
+  const AxisRegisters512 float_x = axis_registers_avx512(t.x_float);
+  const AxisRegisters512 float_y = axis_registers_avx512(t.y_float);
   const __m512i grid_zero = _mm512_set1_epi32(t.grid_zero_point);
   const __m512i weight_mask = _mm512_set1_epi32(0x7fff);
+  const __m512i full = _mm512_set1_epi32(1 << kWeightBits);
   const __m512i last_x0 = _mm512_set1_epi32(t.last_x0), last_y0 = _mm512_set1_epi32(t.last_y0);
+  const __m512i last_x1 = _mm512_set1_epi32(t.last_x0 + 1);
+  const __m512i last_y1 = _mm512_set1_epi32(t.last_y0 + 1);
   const __m512i stride_y = _mm512_set1_epi32(t.stride_y);
-  const __m512i half = _mm512_set1_epi32(1 << 30);
-  const __m512i one = _mm512_set1_epi32(1), four = _mm512_set1_epi32(4);
-  const __m512i thirty_two = _mm512_set1_epi32(32);
+  const __m512i one = _mm512_set1_epi32(1);
+  static constexpr std::array<uint8_t, 64> kLowIndex = weight_byte_index(0);
+  static constexpr std::array<uint8_t, 64> kHighIndex = weight_byte_index(1);
+  const __m512i low_index = _mm512_loadu_si512(kLowIndex.data());
+  const __m512i high_index = _mm512_loadu_si512(kHighIndex.data());
   for (int64_t i = 0; i < count; i += 16) {
-    const __mmask16 lanes = count - i >= 16 ? 0xFFFF : 0x00FF;  // count is a multiple of 8
-    const __m512i xy = _mm512_maskz_loadu_epi32(lanes, grid + i * 2);
-    const __m512i qx = vector_tap_avx512(
-        _mm512_sub_epi32(_mm512_srai_epi32(_mm512_slli_epi32(xy, 16), 16), grid_zero), axis_x);
-    const __m512i qy =
-        vector_tap_avx512(_mm512_sub_epi32(_mm512_srai_epi32(xy, 16), grid_zero), axis_y);
-    const __m512i x0 = _mm512_srai_epi32(qx, kWeightBits), wx = _mm512_and_si512(qx, weight_mask);
-    const __m512i y0 = _mm512_srai_epi32(qy, kWeightBits), wy = _mm512_and_si512(qy, weight_mask);
-    const __m512i zero = _mm512_setzero_si512();
-    const __mmask16 edge_x = _mm512_cmpeq_epi32_mask(x0, _mm512_add_epi32(last_x0, one)) &
-                             _mm512_cmpeq_epi32_mask(wx, zero);
-    const __mmask16 edge_y = _mm512_cmpeq_epi32_mask(y0, _mm512_add_epi32(last_y0, one)) &
-                             _mm512_cmpeq_epi32_mask(wy, zero);
-    const __mmask16 inside = (_mm512_cmple_epu32_mask(x0, last_x0) | edge_x) &
-                             (_mm512_cmple_epu32_mask(y0, last_y0) | edge_y);
-    __m512i upper = _mm512_add_epi32(_mm512_mullo_epi32(y0, stride_y), _mm512_slli_epi32(x0, 2));
-    upper = _mm512_mask_sub_epi32(upper, edge_x, upper, four);
-    const __m512i lower = _mm512_mask_sub_epi32(upper, edge_y, upper, stride_y);
-    const __m512i product = _mm512_madd_epi16(wx, wy);
-    _mm512_mask_store_epi32(block->offsets + i, lanes, _mm512_maskz_mov_epi32(inside, upper));
-    _mm512_mask_store_epi32(block->lower_offsets + i, lanes,
-                            _mm512_maskz_mov_epi32(inside, lower));
-    _mm512_mask_store_epi32(block->shifts + i, lanes,
-                            _mm512_maskz_mov_epi32(inside & edge_x, thirty_two));
-    _mm512_mask_store_epi32(block->wx_wy + i, lanes,
-                            _mm512_or_si512(wx, _mm512_slli_epi32(wy, 16)));
-    _mm512_mask_store_epi32(block->h_half + i, lanes,
-                            _mm512_or_si512(_mm512_srli_epi32(product, kWeightBits), half));
-    _mm512_mask_store_epi32(
-        block->l_half + i, lanes,
-        _mm512_or_si512(_mm512_and_si512(product, weight_mask), half));
+    const __mmask16 lanes = count - i >= 16 ? 0xFFFF : 0x00FF;
+    __m512i qx, qy;
+    if constexpr (kCoordinates == Coordinates::kScalar) {
+      alignas(64) int32_t tx[16] = {}, ty[16] = {};
+      for (int64_t k = 0; k < std::min<int64_t>(16, count - i); ++k) {
+        const GridT* const grid_point = grid + (i + k) * grid_x;
+        tx[k] = scalar_tap(steps::pixel_coordinate(grid_point[0], p, p.x), p.x.size);
+        ty[k] = scalar_tap(steps::pixel_coordinate(grid_point[grid_axis], p, p.y), p.y.size);
+      }
+      qx = _mm512_load_si512(tx);
+      qy = _mm512_load_si512(ty);
+    } else {
+      const __m512i xy = _mm512_maskz_loadu_epi32(lanes, grid + i * 2);
+      const __m512i gx = _mm512_srai_epi32(_mm512_slli_epi32(xy, 16), 16);
+      const __m512i gy = _mm512_srai_epi32(xy, 16);
+      if constexpr (kCoordinates == Coordinates::kInteger) {
+        qx = integer_tap(gx, integer_x);
+        qy = integer_tap(gy, integer_y);
+      } else {
+        qx = vector_tap_avx512(_mm512_sub_epi32(gx, grid_zero), float_x);
+        qy = vector_tap_avx512(_mm512_sub_epi32(gy, grid_zero), float_y);
+      }
+    }
+    __m512i x0 = _mm512_srai_epi32(qx, kWeightBits), wx = _mm512_and_si512(qx, weight_mask);
+    __m512i y0 = _mm512_srai_epi32(qy, kWeightBits), wy = _mm512_and_si512(qy, weight_mask);
+    // the edge form: x0 = width - 1 with wx = 0 as x0 = width - 2 with wx = 2^15
+    const __mmask16 edge_x = _mm512_cmpeq_epi32_mask(x0, last_x1) & _mm512_testn_epi32_mask(wx, wx);
+    const __mmask16 edge_y = _mm512_cmpeq_epi32_mask(y0, last_y1) & _mm512_testn_epi32_mask(wy, wy);
+    x0 = _mm512_mask_sub_epi32(x0, edge_x, x0, one);
+    wx = _mm512_mask_mov_epi32(wx, edge_x, full);
+    y0 = _mm512_mask_sub_epi32(y0, edge_y, y0, one);
+    wy = _mm512_mask_mov_epi32(wy, edge_y, full);
+    const __mmask16 inside =
+        _mm512_cmple_epu32_mask(x0, last_x0) & _mm512_cmple_epu32_mask(y0, last_y0);
+    const __m512i offsets =
+        _mm512_add_epi32(_mm512_mullo_epi32(y0, stride_y), _mm512_slli_epi32(x0, 2));
+    const __m512i product = _mm512_mullo_epi32(wx, wy);  // at most 2^30
+    const __m512i h = _mm512_srli_epi32(product, kWeightBits);
+    const __m512i c01 = _mm512_sub_epi32(wx, h), c10 = _mm512_sub_epi32(wy, h);
+    const __m512i c00 = _mm512_sub_epi32(_mm512_sub_epi32(full, wx), c10);
+    const __m512i pairs_0 = _mm512_packus_epi32(c00, c01), pairs_1 = _mm512_packus_epi32(c10, h);
+    _mm512_mask_store_epi32(block->offsets + i, lanes, _mm512_maskz_mov_epi32(inside, offsets));
+    _mm512_mask_store_epi32(block->low_weights + i, lanes,
+                            _mm512_permutex2var_epi8(pairs_0, low_index, pairs_1));
+    _mm512_mask_store_epi32(block->high_weights + i, lanes,
+                            _mm512_permutex2var_epi8(pairs_0, high_index, pairs_1));
+    _mm512_mask_store_epi32(block->cross + i, lanes, _mm512_and_si512(product, weight_mask));
     block->inside[i / 8] = inside & 0xFF;
     if (lanes == 0xFFFF) {
       block->inside[i / 8 + 1] = inside >> 8;
@@ -420,72 +574,154 @@ ETKIT_AVX512 __attribute__((noinline)) void taps_block_avx512(const int16_t* gri
   }
 }
 
-// Steps 4 and 5 (the second pass) for pixels [0, count) of a block, count a multiple of 16,
-// sixteen pixels at a time: the arithmetic of group_taps, pair_value and requantize8 (32-bit
-// form) in 512-bit lanes, with one byte permutation (VBMI) per row of taps and fused
-// multiply-adds (VNNI). `requant` is the narrow form; unused for float output.
-template <typename OutT>
-ETKIT_AVX512 __attribute__((noinline)) void sample_block_avx512(
-    const TapBlock& block, int64_t count, const long long* upper_base,
-    const long long* lower_base, OutT* out, const QuantizedPlan& p,
-    const NarrowRequant& requant) {
-  // [v00 | v01] of eight pixels -> [v00 of the eight pixels | v01 of the eight pixels]
-  alignas(64) static const uint8_t split_bytes[64] = {
-      0,  1,  2,  3,  8,  9,  10, 11, 16, 17, 18, 19, 24, 25, 26, 27, 32, 33, 34, 35, 40, 41,
-      42, 43, 48, 49, 50, 51, 56, 57, 58, 59, 4,  5,  6,  7,  12, 13, 14, 15, 20, 21, 22, 23,
-      28, 29, 30, 31, 36, 37, 38, 39, 44, 45, 46, 47, 52, 53, 54, 55, 60, 61, 62, 63};
-  const __m512i split = _mm512_load_si512(split_bytes);
-  const __m512i zero_16 = _mm512_set1_epi16(static_cast<int16_t>(p.image_zero_point));
-  const __m512i one_16 = _mm512_set1_epi16(1);
-  // unpacklo takes pixels 0, 2, 4, 6 of eight, unpackhi 1, 3, 5, 7 (one per 128-bit lane)
-  // (for pixels 0-7, then for 8-15)
-  const __m512i pixel_index[2][2] = {
-      {_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6),
-       _mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7)},
-      {_mm512_setr_epi32(8, 8, 8, 8, 10, 10, 10, 10, 12, 12, 12, 12, 14, 14, 14, 14),
-       _mm512_setr_epi32(9, 9, 9, 9, 11, 11, 11, 11, 13, 13, 13, 13, 15, 15, 15, 15)}};
-  const __m512i half_step =
-      _mm512_set1_epi32(static_cast<int32_t>(int64_t(1) << (requant.shift - 1)));
-  const __m512i below_step =
-      _mm512_set1_epi32(static_cast<int32_t>((int64_t(1) << requant.shift) - 1));
-  const __m512i not_one = _mm512_set1_epi32(~1);
-  const __m512i requant_multiplier = _mm512_set1_epi32(requant.multiplier);
-  const __m128i requant_shift = _mm_cvtsi64_si128(requant.shift);
-  const __m512i output_zero = _mm512_set1_epi16(static_cast<int16_t>(p.output_zero_point));
-  const __m512i output_min = _mm512_set1_epi16(static_cast<int16_t>(p.output_min));
-  const __m512i output_max = _mm512_set1_epi16(static_cast<int16_t>(p.output_max));
-  const __m512 float_scale = _mm512_set1_ps(p.float_output_scale);
-  // [p0 p2 p4 p6] and [p1 p3 p5 p7] (128-bit chunks) -> [p0 p1 p2 p3] and [p4 p5 p6 p7]
-  const __m512i first_half =
-      _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i second_half =
-      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+// Step 5's constants for the AVX-512 pass (narrow requantization, m = multiplier): the value
+// plus `add` (2^(k-1), and the output zero point times 2^k where that is exact, see below),
+// times m, shifted by k with halves to even; `init` starts the high-byte dot product, so that
+// init * 2^8 lands in the value: -zero * 2^15, and `add` too where m = 1 and it is a multiple of
+// 2^8.
+struct WideSample {
+  bool folded;  // m = 1, add = 0, after_zero_point = 0
+  int32_t init;
+  int32_t multiplier, add, after_zero_point;
+  int shift;
+  bool clamp;  // the output range is narrower than int8
+  int8_t output_min, output_max;
+  float float_scale;
+};
 
-  const auto requantize16 = [&](__m512i value) ETKIT_AVX512 {
-    const __m512i x =
-        requant.multiplier == 1 ? value : _mm512_mullo_epi32(value, requant_multiplier);
-    // halves up, then a tie (nothing below the step after adding the half) made even
-    const __m512i y = _mm512_add_epi32(x, half_step);
-    const __m512i q = _mm512_sra_epi32(y, requant_shift);
-    return _mm512_mask_and_epi32(q, _mm512_testn_epi32_mask(y, below_step), q, not_one);
+WideSample plan_wide_sample(const QuantizedPlan& p, const NarrowRequant& requant,
+                            bool float_output) {
+  WideSample s{};
+  const int64_t image_zero = -p.image_zero_point * (int64_t(1) << 15);
+  s.init = static_cast<int32_t>(image_zero >> 8);
+  s.float_scale = p.float_output_scale;
+  if (float_output) {
+    return s;
+  }
+  s.multiplier = requant.multiplier;
+  s.shift = static_cast<int>(requant.shift);
+  // Adding zp * 2^k before the shift gives q + zp; halves to even then clears bit 0 of q + zp,
+  // which is that of q when zp is even. It must not overflow: |value * m| < 255 * 2^15 * m.
+  const int64_t half = int64_t(1) << (s.shift - 1);
+  const int64_t zero_term = p.output_zero_point * (int64_t(1) << s.shift);
+  const bool fold_zero = p.output_zero_point % 2 == 0 &&
+                         255 * (int64_t(1) << 15) * requant.multiplier + half +
+                                 std::llabs(zero_term) <
+                             (int64_t(1) << 31);
+  int64_t add = half + (fold_zero ? zero_term : 0);
+  s.after_zero_point = fold_zero ? 0 : static_cast<int32_t>(p.output_zero_point);
+  if (requant.multiplier == 1 && add % 256 == 0) {
+    s.init += static_cast<int32_t>(add / 256);
+    add = 0;
+  }
+  s.add = static_cast<int32_t>(add);
+  s.folded = s.multiplier == 1 && s.add == 0 && s.after_zero_point == 0;
+  s.clamp = p.output_min > -128 || p.output_max < 127;
+  s.output_min = static_cast<int8_t>(p.output_min);
+  s.output_max = static_cast<int8_t>(p.output_max);
+  return s;
+}
+
+// Byte indexes into [U | L] (the upper and lower rows' gathered taps of eight pixels, [v00 |
+// v01] and [v10 | v11] per pixel) giving, per 32-bit lane, one pixel's taps of one channel
+// [q00, q01, q10, q11]: lanes 0-7 channel 2 pair, pixels 0-7; lanes 8-15 channel 2 pair + 1.
+constexpr std::array<uint8_t, 64> tap_byte_index(int pair) {
+  std::array<uint8_t, 64> index{};
+  for (int lane = 0; lane < 16; ++lane) {
+    const int pixel = lane % 8, channel = 2 * pair + lane / 8;
+    index[4 * lane + 0] = static_cast<uint8_t>(8 * pixel + channel);
+    index[4 * lane + 1] = static_cast<uint8_t>(8 * pixel + 4 + channel);
+    index[4 * lane + 2] = static_cast<uint8_t>(64 + 8 * pixel + channel);
+    index[4 * lane + 3] = static_cast<uint8_t>(64 + 8 * pixel + 4 + channel);
+  }
+  return index;
+}
+
+// Where each output byte (pixel * 4 + channel, sixteen pixels) sits after
+// packs_epi16(packs_epi32(v0, v1), packs_epi32(v2, v3)) of the four value vectors (v[2g + k]:
+// pixels 8g to 8g + 7, channels 2k and 2k + 1, as tap_byte_index lays them out). The packs work
+// within 128-bit lanes.
+constexpr std::array<uint8_t, 64> output_byte_index() {
+  std::array<uint8_t, 64> index{};
+  for (int position = 0; position < 64; ++position) {
+    const int lane = position / 16, t = position % 16;
+    const int vector = (t < 8 ? 0 : 2) + (t % 8) / 4;  // which of v0 .. v3
+    const int element = 4 * lane + t % 4;               // which 32-bit lane of it
+    const int pixel = 8 * (vector / 2) + element % 8;
+    const int channel = 2 * (vector % 2) + element / 8;
+    index[4 * pixel + channel] = static_cast<uint8_t>(position);
+  }
+  return index;
+}
+
+// The float output's order: for pixels 8g + 4h to 8g + 4h + 3, element e of
+// permutex2var_ps(v[2g], index, v[2g + 1]) is channel e % 4 of pixel e / 4.
+constexpr std::array<int32_t, 16> float_index(int h) {
+  std::array<int32_t, 16> index{};
+  for (int e = 0; e < 16; ++e) {
+    const int channel = e % 4, pixel = 4 * h + e / 4;
+    index[e] = (channel < 2 ? 0 : 16) + 8 * (channel % 2) + pixel;
+  }
+  return index;
+}
+
+// Eight 32-bit values, twice.
+ETKIT_AVX512 inline __m512i broadcast8(const void* eight) {
+  return _mm512_broadcast_i64x4(_mm256_load_si256(static_cast<const __m256i*>(eight)));
+}
+
+// Steps 4 and 5 (the second pass) for pixels [0, count) of a block, count a multiple of 16,
+// sixteen pixels at a time. kFolded: int8 output whose step 5 constants are all in `init`.
+template <typename OutT, bool kFolded>
+ETKIT_AVX512 __attribute__((noinline)) void sample_block_wide(const WideTapBlock& block,
+                                                              int64_t count,
+                                                              const long long* upper_base,
+                                                              const long long* lower_base,
+                                                              OutT* out, const WideSample& s) {
+  static constexpr std::array<uint8_t, 64> kTapIndex0 = tap_byte_index(0);
+  static constexpr std::array<uint8_t, 64> kTapIndex1 = tap_byte_index(1);
+  static constexpr std::array<uint8_t, 64> kOutputIndex = output_byte_index();
+  static constexpr std::array<int32_t, 16> kFloatIndex0 = float_index(0);
+  static constexpr std::array<int32_t, 16> kFloatIndex1 = float_index(1);
+  const __m512i tap_index[2] = {_mm512_loadu_si512(kTapIndex0.data()),
+                                _mm512_loadu_si512(kTapIndex1.data())};
+  const __m512i output_index = _mm512_loadu_si512(kOutputIndex.data());
+  const __m512i float_order[2] = {_mm512_loadu_si512(kFloatIndex0.data()),
+                                  _mm512_loadu_si512(kFloatIndex1.data())};
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i signs = _mm512_set1_epi32(0x01FFFF01);  // bytes 1, -1, -1, 1
+  const __m512i half_of_15 = _mm512_set1_epi32(1 << 14);
+  const __m512i init = _mm512_set1_epi32(s.init);
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i multiplier = _mm512_set1_epi32(s.multiplier);
+  const __m512i add = _mm512_set1_epi32(s.add);
+  const __m512i after_zero = _mm512_set1_epi32(s.after_zero_point);
+  const __m512i below_step = _mm512_set1_epi32(static_cast<int32_t>((int64_t(1) << s.shift) - 1));
+  const __m512i not_one = _mm512_set1_epi32(~1);
+  const __m128i shift = _mm_cvtsi32_si128(s.shift);
+  const __m512i output_min = _mm512_set1_epi8(s.output_min);
+  const __m512i output_max = _mm512_set1_epi8(s.output_max);
+  const __m512 float_scale = _mm512_set1_ps(s.float_scale);
+
+  const auto requantize = [&](__m512i value) ETKIT_AVX512 {
+    // kFolded: m = 1, and the rounding and the zero point are in the value already
+    const __m512i y =
+        kFolded ? value : _mm512_add_epi32(_mm512_mullo_epi32(value, multiplier), add);
+    // halves up, then a tie (nothing below the step) made even
+    __m512i q = _mm512_sra_epi32(y, shift);
+    q = _mm512_mask_and_epi32(q, _mm512_testn_epi32_mask(y, below_step), q, not_one);
+    return kFolded ? q : _mm512_add_epi32(q, after_zero);
   };
-  // The taps of sixteen pixels: [upper, lower] of pixels 0-7, then of 8-15; loaded one
-  // iteration ahead, so that the gathers' latency overlaps the arithmetic.
+  // [upper, lower] of pixels 0-7, then of 8-15; gathered one step ahead, so that their latency
+  // overlaps the arithmetic.
   const auto gather_taps = [&](int64_t i, __m512i* taps) ETKIT_AVX512 {
     const __m512i offsets = _mm512_load_si512(block.offsets + i);
-    const __m512i lower_offsets = _mm512_load_si512(block.lower_offsets + i);
-    const __m512i shifts = _mm512_load_si512(block.shifts + i);
-    for (int g = 0; g < 2; ++g) {
-      const auto half_of = [g](__m512i v) ETKIT_AVX512 {
-        return g == 0 ? _mm512_castsi512_si256(v) : _mm512_extracti64x4_epi64(v, 1);
-      };
-      const __m512i shift = _mm512_cvtepu32_epi64(half_of(shifts));
-      taps[2 * g] = _mm512_permutexvar_epi8(
-          split, _mm512_srlv_epi64(_mm512_i32gather_epi64(half_of(offsets), upper_base, 1), shift));
-      taps[2 * g + 1] = _mm512_permutexvar_epi8(
-          split,
-          _mm512_srlv_epi64(_mm512_i32gather_epi64(half_of(lower_offsets), lower_base, 1), shift));
-    }
+    const __m256i first = _mm512_castsi512_si256(offsets);
+    const __m256i second = _mm512_extracti64x4_epi64(offsets, 1);
+    taps[0] = _mm512_i32gather_epi64(first, upper_base, 1);
+    taps[1] = _mm512_i32gather_epi64(first, lower_base, 1);
+    taps[2] = _mm512_i32gather_epi64(second, upper_base, 1);
+    taps[3] = _mm512_i32gather_epi64(second, lower_base, 1);
   };
   __m512i taps[4], next[4];
   if (count > 0) {
@@ -495,52 +731,67 @@ ETKIT_AVX512 __attribute__((noinline)) void sample_block_avx512(
     if (i + 16 < count) {
       gather_taps(i + 16, next);
     }
-    const __m512i wx_wy = _mm512_load_si512(block.wx_wy + i);
-    const __m512i h_half = _mm512_load_si512(block.h_half + i);
-    const __m512i l_half = _mm512_load_si512(block.l_half + i);
+    __m512i values[4];  // values[2g + k]: pixels 8g to 8g + 7, channels 2k and 2k + 1
     for (int g = 0; g < 2; ++g) {
-      const __m512i up = taps[2 * g], down = taps[2 * g + 1];
-      const __m512i v00 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(up));
-      const __m512i v01 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(up, 1));
-      const __m512i v10 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(down));
-      const __m512i v11 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(down, 1));
-      const __m512i a = _mm512_sub_epi16(v01, v00);
-      const __m512i e = _mm512_sub_epi16(v10, v00);
-      const __m512i b = _mm512_sub_epi16(_mm512_sub_epi16(v11, v10), a);
-      const __m512i z = _mm512_slli_epi16(_mm512_sub_epi16(v00, zero_16), 1);
-      __m512i values[2];
-      for (int half = 0; half < 2; ++half) {
-        const __m512i pixels = pixel_index[g][half];
-        const __m512i a_e =
-            half == 0 ? _mm512_unpacklo_epi16(a, e) : _mm512_unpackhi_epi16(a, e);
-        const __m512i b_z =
-            half == 0 ? _mm512_unpacklo_epi16(b, z) : _mm512_unpackhi_epi16(b, z);
-        const __m512i b_1 =
-            half == 0 ? _mm512_unpacklo_epi16(b, one_16) : _mm512_unpackhi_epi16(b, one_16);
-        const __m512i low = _mm512_srai_epi32(
-            _mm512_madd_epi16(b_1, _mm512_permutexvar_epi32(pixels, l_half)), kWeightBits);
-        values[half] = _mm512_dpwssd_epi32(
-            _mm512_dpwssd_epi32(low, a_e, _mm512_permutexvar_epi32(pixels, wx_wy)), b_z,
-            _mm512_permutexvar_epi32(pixels, h_half));
+      const __m512i low_weights = broadcast8(block.low_weights + i + 8 * g);
+      const __m512i high_weights = broadcast8(block.high_weights + i + 8 * g);
+      const __m512i cross = broadcast8(block.cross + i + 8 * g);
+      for (int k = 0; k < 2; ++k) {
+        const __m512i q = _mm512_permutex2var_epi8(taps[2 * g], tap_index[k], taps[2 * g + 1]);
+        // b in the low 16 bits (|b| <= 510), its sign above, which meets cross's zero upper half
+        const __m512i b = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(q, bias), signs);
+        const __m512i rounded_bl = _mm512_dpwssd_epi32(half_of_15, b, cross);
+        const __m512i high = _mm512_dpbusd_epi32(init, high_weights, q);
+        const __m512i linear = _mm512_dpbusd_epi32(_mm512_slli_epi32(high, 8), low_weights, q);
+        values[2 * g + k] = _mm512_add_epi32(linear, _mm512_srai_epi32(rounded_bl, kWeightBits));
       }
-      OutT* const group_out = out + (i + 8 * g) * 4;
-      if constexpr (std::is_same_v<OutT, int8_t>) {
-        // packs works within 128-bit lanes: lane k gets pixels 2k and 2k + 1, in order
-        __m512i q = _mm512_packs_epi32(requantize16(values[0]), requantize16(values[1]));
-        q = _mm512_min_epi16(_mm512_max_epi16(_mm512_add_epi16(q, output_zero), output_min),
-                             output_max);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(group_out), _mm512_cvtepi16_epi8(q));
-      } else {
-        const __m512 even = _mm512_mul_ps(_mm512_cvtepi32_ps(values[0]), float_scale);
-        const __m512 odd = _mm512_mul_ps(_mm512_cvtepi32_ps(values[1]), float_scale);
-        _mm512_storeu_ps(group_out, _mm512_permutex2var_ps(even, first_half, odd));
-        _mm512_storeu_ps(group_out + 16, _mm512_permutex2var_ps(even, second_half, odd));
+    }
+    if constexpr (std::is_same_v<OutT, int8_t>) {
+      // saturating packs; the clamp to the output range after them gives the clamp of step 5
+      __m512i bytes = _mm512_packs_epi16(
+          _mm512_packs_epi32(requantize(values[0]), requantize(values[1])),
+          _mm512_packs_epi32(requantize(values[2]), requantize(values[3])));
+      if (s.clamp) {
+        bytes = _mm512_min_epi8(_mm512_max_epi8(bytes, output_min), output_max);
+      }
+      _mm512_storeu_si512(out + i * 4, _mm512_permutexvar_epi8(output_index, bytes));
+    } else {
+      for (int g = 0; g < 2; ++g) {
+        const __m512 first = _mm512_mul_ps(_mm512_cvtepi32_ps(values[2 * g]), float_scale);
+        const __m512 second = _mm512_mul_ps(_mm512_cvtepi32_ps(values[2 * g + 1]), float_scale);
+        for (int h = 0; h < 2; ++h) {
+          _mm512_storeu_ps(out + (i + 8 * g + 4 * h) * 4,
+                           _mm512_permutex2var_ps(first, float_order[h], second));
+        }
       }
     }
     for (int k = 0; k < 4; ++k) {
       taps[k] = next[k];
     }
   }
+}
+
+// One output row's blocks in the two passes: first_pass(ox, block) fills a block and returns its
+// pixel count, second_pass(ox, count, block) samples it; the first pass runs a block ahead, so
+// that the image lines it prefetches have arrived when the second gathers them. Returns the
+// first pixel left for the scalar steps.
+template <typename Block, typename FirstPass, typename SecondPass>
+int64_t two_pass_row(int64_t out_width, Block* blocks, const FirstPass& first_pass,
+                     const SecondPass& second_pass) {
+  int64_t ox = 0;
+  int current = 0;
+  int64_t count = out_width >= 8 ? first_pass(0, &blocks[0]) : 0;
+  while (count > 0) {
+    const int64_t next_ox = ox + count;
+    const int64_t next_count = count == kBlock && next_ox + 8 <= out_width
+                                   ? first_pass(next_ox, &blocks[current ^ 1])
+                                   : 0;
+    second_pass(ox, count, blocks[current]);
+    ox = next_ox;
+    count = next_count;
+    current ^= 1;
+  }
+  return ox;
 }
 
 template <typename GridT, typename OutT>
@@ -552,28 +803,45 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
   const int64_t height = image.sizes[2], width = image.sizes[3];
   const int64_t grid_x = grid.strides[2], grid_axis = grid.strides[3];
   const int64_t output_c = output.strides[1];
+  constexpr bool kInt16Grid = std::is_same_v<GridT, int16_t>;
   steps::Plane plane{nullptr, image.sizes[1], height, width, image.strides[1], image.strides[2],
                      image.strides[3]};
-  const AxisVector axis_x = plan_axis_vector(p.x, p.grid_zero_point, p.params.padding,
-                                             std::is_same_v<GridT, int16_t>);
-  const AxisVector axis_y = plan_axis_vector(p.y, p.grid_zero_point, p.params.padding,
-                                             std::is_same_v<GridT, int16_t>);
+  const AxisVector axis_x = plan_axis_vector(p.x, p.grid_zero_point, p.params.padding, kInt16Grid);
+  const AxisVector axis_y = plan_axis_vector(p.y, p.grid_zero_point, p.params.padding, kInt16Grid);
+  const bool pairs = grid_axis == 1 && grid_x == 2;  // (x, y) pairs, one after the other
   const TapParams taps{axis_x,
                        axis_y,
                        static_cast<int32_t>(p.grid_zero_point),
                        static_cast<int32_t>(width - 2),
                        static_cast<int32_t>(height - 2),
                        static_cast<int32_t>(image.strides[2]),
-                       axis_x.applies && axis_y.applies && grid_axis == 1 && grid_x == 2};
-  const bool use_avx512 = std::is_same_v<GridT, int16_t> && taps.vector_coordinates && wide;
+                       axis_x.applies && axis_y.applies && pairs};
+  const NarrowRequant narrow = narrow_requant(p.requant_multiplier, p.requant_shift);
+  // AVX-512 for both passes where the 32-bit requantization applies, else AVX2.
+  const bool use_wide = wide && (std::is_same_v<OutT, float> || narrow.applies);
+  const AxisInteger integer_x =
+      plan_axis_integer(p.x, p.grid_zero_point, p.params.padding, kInt16Grid);
+  const AxisInteger integer_y =
+      plan_axis_integer(p.y, p.grid_zero_point, p.params.padding, kInt16Grid);
+  const WideTapParams wide_taps{
+      integer_x.applies && integer_y.applies && pairs
+          ? Coordinates::kInteger
+          : (taps.vector_coordinates ? Coordinates::kFloat : Coordinates::kScalar),
+      integer_x,
+      integer_y,
+      axis_x,
+      axis_y,
+      taps.grid_zero_point,
+      taps.last_x0,
+      taps.last_y0,
+      taps.stride_y};
+  const WideSample wide_sample = plan_wide_sample(p, narrow, std::is_same_v<OutT, float>);
   const __m256i zero_16 = _mm256_set1_epi16(static_cast<int16_t>(p.image_zero_point));
   // the pixels of values[0 .. 3] below, as indexes into a vector of eight pixels' weights
   const __m256i pixel_index[4] = {_mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2),
                                   _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3),
                                   _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6),
                                   _mm256_setr_epi32(5, 5, 5, 5, 7, 7, 7, 7)};
-  const NarrowRequant narrow = narrow_requant(p.requant_multiplier, p.requant_shift);
-  const bool use_wide_samples = wide && (std::is_same_v<OutT, float> || narrow.applies);
   const RequantRegisters requant{
       narrow.applies,
       narrow.multiplier == 1,
@@ -590,6 +858,7 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
   const __m256 float_scale = _mm256_set1_ps(p.float_output_scale);
   const __m256i pixel_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
   TapBlock blocks[2];
+  WideTapBlock wide_blocks[2];
 
   for (int64_t row = row_begin; row < row_end; ++row) {
     const int64_t n = row / out_height, oy = row % out_height;
@@ -606,34 +875,76 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
                           steps::pixel_coordinate(grid_point[grid_axis], p, p.y), plane,
                           output_row + ox * output.strides[3], output_c, p);
     };
-    // Blocks of pixels in two passes, so that the gathers of the second do not wait on the
-    // coordinate arithmetic of the first; the first pass runs a block ahead of the second, so
-    // that the image lines it prefetches have arrived when the second gathers them.
-    const auto first_pass = [&](int64_t ox, TapBlock* block) ETKIT_AVX2 {
-      const int64_t count = std::min<int64_t>(kBlock, (out_width - ox) / 8 * 8);
-      if (use_avx512) {
-        taps_block_avx512(reinterpret_cast<const int16_t*>(grid_row) + ox * 2, count, taps,
-                          block);
-      } else {
-        taps_block_avx2(grid_row + ox * grid_x, grid_x, grid_axis, count, taps, p, block);
-      }
-      // The image lines the gathers will read, requested now: their addresses are not a
-      // stream the hardware prefetchers follow.
+    // The pixels of a block with a tap outside the image, by the scalar steps.
+    const auto redo_outside = [&](int64_t ox, int64_t count, const int* inside) {
       for (int64_t j = 0; j < count; j += 8) {
-        _mm_prefetch(reinterpret_cast<const char*>(upper_base) + block->offsets[j], _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(lower_base) + block->lower_offsets[j],
-                     _MM_HINT_T0);
+        const int inside_mask = inside[j / 8];
+        if (inside_mask != 0xFF) {
+          for (int k = 0; k < 8; ++k) {
+            if ((inside_mask & (1 << k)) == 0) {
+              scalar_pixel(ox + j + k);
+            }
+          }
+        }
       }
+    };
+    // The image lines the gathers will read, requested a block ahead: their addresses are not
+    // a stream the hardware prefetchers follow.
+    const auto prefetch = [&](const int32_t* upper, const int32_t* lower, int64_t count) {
+      for (int64_t j = 0; j < count; j += 8) {
+        _mm_prefetch(reinterpret_cast<const char*>(upper_base) + upper[j], _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(lower_base) + lower[j], _MM_HINT_T0);
+      }
+    };
+    const auto block_count = [&](int64_t ox) {
+      return std::min<int64_t>(kBlock, (out_width - ox) / 8 * 8);
+    };
+    const auto wide_first_pass = [&](int64_t ox, WideTapBlock* block) ETKIT_AVX2 {
+      const int64_t count = block_count(ox);
+      const GridT* const first = grid_row + ox * grid_x;
+      // int16 grids in (x, y) pairs take a vector form; the rest, scalar steps 1 and 2
+      const auto fill = [&](auto form) ETKIT_AVX2 {
+        taps_block_wide<GridT, decltype(form)::value>(first, grid_x, grid_axis, count, wide_taps,
+                                                      p, block);
+      };
+      using Scalar = std::integral_constant<Coordinates, Coordinates::kScalar>;
+      if constexpr (kInt16Grid) {
+        if (wide_taps.coordinates == Coordinates::kInteger) {
+          fill(std::integral_constant<Coordinates, Coordinates::kInteger>());
+        } else if (wide_taps.coordinates == Coordinates::kFloat) {
+          fill(std::integral_constant<Coordinates, Coordinates::kFloat>());
+        } else {
+          fill(Scalar());
+        }
+      } else {
+        fill(Scalar());
+      }
+      prefetch(block->offsets, block->offsets, count);
+      return count;
+    };
+    const auto wide_second_pass = [&](int64_t ox, int64_t count, const WideTapBlock& block) {
+      const int64_t vector_count = count / 16 * 16;
+      OutT* const out = output_row + ox * 4;
+      if (std::is_same_v<OutT, float> || wide_sample.folded) {
+        sample_block_wide<OutT, true>(block, vector_count, upper_base, lower_base, out,
+                                      wide_sample);
+      } else {
+        sample_block_wide<OutT, false>(block, vector_count, upper_base, lower_base, out,
+                                       wide_sample);
+      }
+      for (int64_t k = vector_count; k < count; ++k) {
+        scalar_pixel(ox + k);  // the last 8 of a row (count is a multiple of 8)
+      }
+      redo_outside(ox, vector_count, block.inside);
+    };
+    const auto first_pass = [&](int64_t ox, TapBlock* block) ETKIT_AVX2 {
+      const int64_t count = block_count(ox);
+      taps_block_avx2(grid_row + ox * grid_x, grid_x, grid_axis, count, taps, p, block);
+      prefetch(block->offsets, block->lower_offsets, count);
       return count;
     };
     const auto second_pass = [&](int64_t ox, int64_t count, const TapBlock& block) ETKIT_AVX2 {
-      int64_t i = 0;
-      if (use_wide_samples) {
-        i = count / 16 * 16;
-        sample_block_avx512(block, i, upper_base, lower_base, output_row + ox * 4, p, narrow);
-      }
-      // The gathered taps of four pixels, [upper, lower], one iteration ahead (as in
-      // sample_block_avx512).
+      // The gathered taps of four pixels, [upper, lower], one iteration ahead.
       const auto gather_group = [&](int64_t first, __m256i* taps) ETKIT_AVX2 {
         const __m256i shift = _mm256_cvtepu32_epi64(load4(block.shifts + first));
         taps[0] = _mm256_srlv_epi64(
@@ -642,11 +953,11 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
             _mm256_i32gather_epi64(lower_base, load4(block.lower_offsets + first), 1), shift);
       };
       __m256i taps[4], next[4];
-      if (i < count) {
-        gather_group(i, taps);
-        gather_group(i + 4, taps + 2);
+      if (count > 0) {
+        gather_group(0, taps);
+        gather_group(4, taps + 2);
       }
-      for (; i < count; i += 8) {
+      for (int64_t i = 0; i < count; i += 8) {
         if (i + 8 < count) {
           gather_group(i + 8, next);
           gather_group(i + 12, next + 2);
@@ -693,31 +1004,10 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
           }
         }
       }
-      // The pixels with a tap outside the image, by the scalar steps.
-      for (int64_t j = 0; j < count; j += 8) {
-        const int inside_mask = block.inside[j / 8];
-        if (inside_mask != 0xFF) {
-          for (int k = 0; k < 8; ++k) {
-            if ((inside_mask & (1 << k)) == 0) {
-              scalar_pixel(ox + j + k);
-            }
-          }
-        }
-      }
+      redo_outside(ox, count, block.inside);
     };
-    int64_t ox = 0;
-    int current = 0;
-    int64_t count = out_width >= 8 ? first_pass(0, &blocks[0]) : 0;
-    while (count > 0) {
-      const int64_t next_ox = ox + count;
-      const int64_t next_count = count == kBlock && next_ox + 8 <= out_width
-                                     ? first_pass(next_ox, &blocks[current ^ 1])
-                                     : 0;
-      second_pass(ox, count, blocks[current]);
-      ox = next_ox;
-      count = next_count;
-      current ^= 1;
-    }
+    int64_t ox = use_wide ? two_pass_row(out_width, wide_blocks, wide_first_pass, wide_second_pass)
+                          : two_pass_row(out_width, blocks, first_pass, second_pass);
     for (; ox < out_width; ++ox) {
       scalar_pixel(ox);
     }

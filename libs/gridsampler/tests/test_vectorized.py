@@ -55,16 +55,22 @@ def every_grid_value(dtype: torch.dtype, batch: int) -> torch.Tensor:
     return torch.stack(grids).to(dtype)
 
 
-IMAGE_Q = [SNORM8, QParams(0.02, 5, -128, 127, torch.int8)]
+IMAGE_Q = [SNORM8, QParams(0.09375, 5, -128, 127, torch.int8)]
 GRID_Q = [
     SNORM16,
     QParams(1 / 1024, 0, -32768, 32767, torch.int16),  # far outside [-1, 1]
     QParams(7.3e-5, -300, -32768, 32767, torch.int16),  # a zero point, an odd scale
     QParams(1 / 127, 3, -128, 127, torch.int8),  # scalar coordinates, vector sampling
+    # 2^-16 (1 + 2^-23): on the 2-pixel image, step 1's rounding decides which tap dozens of
+    # grid values (d in [-128, -1]) land on
+    QParams(2**-16 * (1 + 2**-23), 0, -32768, 32767, torch.int16),
 ]
 OUTPUT_Q = [
     SNORM8,  # equal scales: the 32-bit requantization with multiplier 1
-    QParams(1 / 254, 0, -128, 127, torch.int8),  # a power-of-two ratio
+    # a power-of-two ratio with an even zero point (AVX-512 folds it into the value)
+    QParams(1 / 254, -4, -128, 127, torch.int8),
+    # with the 0.09375 image, ratio 3 and an odd zero point: 32-bit lanes, multiplier 3
+    QParams(0.03125, 1, -128, 127, torch.int8),
     QParams(0.011, -3, -128, 127, torch.int8),  # a general ratio: the 64-bit requantization
     None,  # float32 output
 ]
@@ -111,3 +117,21 @@ def test_same_bits_as_scalar_on_row_lengths_and_strided_grids(isa: str) -> None:
             for g in (grid, strided):
                 actual = cpu.grid_sample(image, g, op, isa=isa)  # type: ignore[arg-type]
                 assert torch.equal(actual, expected), f"{isa}, width {out_width}: {op}"
+
+
+@pytest.mark.parametrize("isa", VECTOR_ISAS)
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_same_bits_as_scalar_where_coordinates_need_float64(isa: str, align_corners: bool) -> None:
+    """AVX-512 computes steps 1 and 2 in 64-bit integer lanes where the grid's reduced
+    multiplier fits 32 bits and the coordinates stay within 2^15 pixels, else in float64. A
+    4096-pixel row with a grid reaching 32 widths out (scale 1/1024), and an odd 24-bit scale
+    across it with align_corners, take the float64 form."""
+    generator = torch.Generator().manual_seed(11)
+    image = random_image((1, 4, 3, 4096), generator).contiguous(memory_format=torch.channels_last)
+    grid = every_grid_value(torch.int16, 1)
+    grid_qs = [QParams(1 / 1024, 0, -32768, 32767, torch.int16), GRID_Q[2]]
+    for grid_q, padding, output_q in itertools.product(grid_qs, ["zeros", "border"], OUTPUT_Q):
+        op = GridSampleOp("bilinear", padding, align_corners, SNORM8, grid_q, output_q)  # type: ignore[arg-type]
+        expected = cpu.grid_sample(image, grid, op, isa="scalar")
+        actual = cpu.grid_sample(image, grid, op, isa=isa)  # type: ignore[arg-type]
+        assert torch.equal(actual, expected), f"{isa}: {op}"
