@@ -690,7 +690,7 @@ ETKIT_AVX512 __attribute__((noinline)) void sample_block_wide(const WideTapBlock
                                   _mm512_loadu_si512(kFloatIndex1.data())};
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   const __m512i signs = _mm512_set1_epi32(0x01FFFF01);  // bytes 1, -1, -1, 1
-  const __m512i half_of_15 = _mm512_set1_epi32(1 << 14);
+  const __m512i lower_one = _mm512_set1_epi32(1);  // 16-bit lanes 1, 0
   const __m512i init = _mm512_set1_epi32(s.init);
   const __m512i zero = _mm512_setzero_si512();
   const __m512i multiplier = _mm512_set1_epi32(s.multiplier);
@@ -738,12 +738,14 @@ ETKIT_AVX512 __attribute__((noinline)) void sample_block_wide(const WideTapBlock
       const __m512i cross = broadcast8(block.cross + i + 8 * g);
       for (int k = 0; k < 2; ++k) {
         const __m512i q = _mm512_permutex2var_epi8(taps[2 * g], tap_index[k], taps[2 * g + 1]);
-        // b in the low 16 bits (|b| <= 510), its sign above, which meets cross's zero upper half
+        // b in the low 16 bits (|b| <= 510), its sign above, which meets cross's zero upper half:
+        // mulhrs gives (b * l + 2^14) >> 15 below and 0 above, and the last multiply-add adds the
+        // lower half, sign-extended
         const __m512i b = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(q, bias), signs);
-        const __m512i rounded_bl = _mm512_dpwssd_epi32(half_of_15, b, cross);
+        const __m512i rounded_bl = _mm512_mulhrs_epi16(b, cross);
         const __m512i high = _mm512_dpbusd_epi32(init, high_weights, q);
         const __m512i linear = _mm512_dpbusd_epi32(_mm512_slli_epi32(high, 8), low_weights, q);
-        values[2 * g + k] = _mm512_add_epi32(linear, _mm512_srai_epi32(rounded_bl, kWeightBits));
+        values[2 * g + k] = _mm512_dpwssd_epi32(linear, rounded_bl, lower_one);
       }
     }
     if constexpr (std::is_same_v<OutT, int8_t>) {
