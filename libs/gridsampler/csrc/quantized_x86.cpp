@@ -1,14 +1,14 @@
-// The vectorized x86 kernel: docs/contract.md's integer steps for a 4-channel channels-last
-// int8 image, where one pixel is one 32-bit word and its two horizontal bilinear taps one 64-bit
-// load. Each block of up to 256 output pixels of a row takes two passes: the taps and weights
-// (steps 1 to 3), then the gathers, the interpolation and the requantization (steps 4 and 5);
-// AVX2 does eight pixels at a time with 16-bit multiply-adds of tap differences; AVX-512 does
-// sixteen with integer coordinates and byte dot products of the raw taps (VNNI). Every step
-// gives the bits of the scalar steps (quantized_steps.h); the comments say why each rewrite is
-// exact. Pixels with a tap
-// outside the image that carries weight are redone by the scalar steps. The first pass runs a
-// block ahead of the second and prefetches the image lines it will gather; the second gathers
-// one step ahead of its arithmetic.
+// The vectorized x86 kernel: docs/contract.md's integer steps for a 4-channel channels-last int8
+// image, where one pixel is one 32-bit word and its two horizontal bilinear taps one 64-bit load.
+// Each block of up to 256 output pixels of a row takes two passes: the taps and weights (steps 1 to
+// 3), then the gathers, the interpolation and the requantization (steps 4 and 5). AVX2 and AVX-512
+// compute coordinates in 64-bit integer lanes (float64 where those do not fit); AVX2 does eight
+// pixels at a time with 16-bit multiply-adds of tap differences, AVX-512 sixteen with byte dot
+// products of the raw taps (VNNI). Every step gives the bits of the scalar steps
+// (quantized_steps.h); the comments say why each rewrite is exact. Pixels with a tap outside the
+// image that carries weight are redone by the scalar steps. The first pass runs a block ahead of
+// the second and prefetches the image lines it will gather; the second gathers one step ahead of
+// its arithmetic.
 #include "quantized_x86.h"
 
 #include <algorithm>
@@ -96,6 +96,60 @@ inline int32_t scalar_tap(int64_t coord, int64_t size) {
   return static_cast<int32_t>(steps::shift_round(clamped, 17));
 }
 
+// Steps 1 and 2 and the Q of step 3 for one axis of an int16 grid with zeros or border padding,
+// in 64-bit integer lanes. With F = floor(P / 2^16) clamped as AxisVector says, Q = floor((F +
+// 1) / 2); F = floor((d * M + R) / 2^K) + offset / 2^16 with d = q - zero, K = s + 16 and
+// R = 2^(s-1) (0 when s <= 0), so Q = floor((q * M + C) / 2^S) with S = K + 1 and
+// C = R - zero * M + (offset / 2^16 + 1) * 2^K, clamped to half the bounds of F (the map
+// F -> floor((F + 1) / 2) is monotone and the bounds are even). Halving M and S together while M
+// is even and halving C (floor) leaves Q unchanged, as q * M is an integer. It applies when
+// M < 2^31 (one 32 x 32 -> 64-bit multiply), S <= 32 and Q stays below 2^30 in magnitude.
+struct AxisInteger {
+  bool applies;
+  int32_t multiplier;
+  int64_t constant;
+  int shift;
+  int32_t low, high;
+};
+
+AxisInteger plan_axis_integer(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
+                              bool int16_grid) {
+  AxisInteger integer{};
+  if (!int16_grid || padding == Padding::kReflection || axis.multiplier <= 0 ||
+      axis.shift < -16 || axis.shift > 40) {
+    return integer;
+  }
+  const int64_t k = axis.shift + 16;
+  __int128 multiplier = axis.multiplier;
+  __int128 constant = (axis.shift > 0 ? (static_cast<__int128>(1) << (axis.shift - 1)) : 0) +
+                      ((static_cast<__int128>(axis.offset >> 16) + 1) << k) -
+                      static_cast<__int128>(grid_zero_point) * multiplier;
+  int64_t shift = k + 1;
+  while (shift > 0 && (multiplier & 1) == 0) {
+    multiplier >>= 1;
+    constant >>= 1;  // an arithmetic shift: floor(C / 2)
+    --shift;
+  }
+  const __int128 extreme = 32768 * multiplier + (constant < 0 ? -constant : constant);
+  if (multiplier >= (static_cast<__int128>(1) << 31) || shift > 32 ||
+      extreme >= (static_cast<__int128>(1) << 62) ||
+      (extreme >> shift) >= (static_cast<__int128>(1) << 30)) {
+    return integer;
+  }
+  integer.applies = true;
+  integer.multiplier = static_cast<int32_t>(multiplier);
+  integer.constant = static_cast<int64_t>(constant);
+  integer.shift = static_cast<int>(shift);
+  const bool border = padding == Padding::kBorder;
+  integer.low = border ? 0 : -65536;
+  integer.high = static_cast<int32_t>((border ? axis.size - 1 : axis.size) * 32768);
+  return integer;
+}
+
+// How a kernel computes steps 1 and 2: integer or float64 lanes (int16 grids in (x, y) pairs,
+// zeros or border padding) or the scalar steps.
+enum class Coordinates { kInteger, kFloat, kScalar };
+
 struct AxisRegisters {
   __m256d scale, round, offset, low, high;
 };
@@ -117,6 +171,27 @@ ETKIT_AVX2 inline __m256i vector_tap(__m256i d, const AxisRegisters& axis) {
                                         floor_p16(_mm256_extracti128_si256(d, 1), axis));
   // round(P / 2^17) = floor((floor(P / 2^16) + 1) / 2)
   return _mm256_srai_epi32(_mm256_add_epi32(p16, _mm256_set1_epi32(1)), 1);
+}
+
+// Q of eight grid values q (sign-extended in 32-bit lanes), in the integer form.
+struct AxisInteger256 {
+  __m256i multiplier, constant, low, high;
+  __m128i even_shift, odd_shift;  // S, and 32 - S: the odd lanes' Q lands in the upper half
+};
+
+ETKIT_AVX2 AxisInteger256 axis_integer_registers_avx2(const AxisInteger& axis) {
+  return {_mm256_set1_epi64x(axis.multiplier), _mm256_set1_epi64x(axis.constant),
+          _mm256_set1_epi32(axis.low),         _mm256_set1_epi32(axis.high),
+          _mm_cvtsi32_si128(axis.shift),       _mm_cvtsi32_si128(32 - axis.shift)};
+}
+
+ETKIT_AVX2 inline __m256i integer_tap_avx2(__m256i q, const AxisInteger256& axis) {
+  const __m256i even = _mm256_add_epi64(_mm256_mul_epi32(q, axis.multiplier), axis.constant);
+  const __m256i odd = _mm256_add_epi64(
+      _mm256_mul_epi32(_mm256_srli_epi64(q, 32), axis.multiplier), axis.constant);
+  const __m256i taps = _mm256_blend_epi32(_mm256_srl_epi64(even, axis.even_shift),
+                                          _mm256_sll_epi64(odd, axis.odd_shift), 0xAA);
+  return _mm256_min_epi32(_mm256_max_epi32(taps, axis.low), axis.high);
 }
 
 // Step 4, exactly, in 16-bit lanes. With the raw int8 taps, a = v01 - v00, e = v10 - v00 and
@@ -257,9 +332,10 @@ struct TapBlock {
 };
 
 struct TapParams {
-  AxisVector x, y;
+  Coordinates coordinates;
+  AxisInteger x_integer, y_integer;
+  AxisVector x_float, y_float;
   int32_t grid_zero_point, last_x0, last_y0, stride_y;  // last: size - 2
-  bool vector_coordinates;  // int16 grid values in (x, y) pairs, and both axes apply
 };
 
 ETKIT_AVX2 inline __m256i load8(const int32_t* values) {
@@ -275,7 +351,9 @@ template <typename GridT>
 ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_axis,
                                 int64_t count, const TapParams& t, const QuantizedPlan& p,
                                 TapBlock* block) {
-  const AxisRegisters regs_x = axis_registers(t.x), regs_y = axis_registers(t.y);
+  const AxisRegisters regs_x = axis_registers(t.x_float), regs_y = axis_registers(t.y_float);
+  const AxisInteger256 integer_x = axis_integer_registers_avx2(t.x_integer);
+  const AxisInteger256 integer_y = axis_integer_registers_avx2(t.y_integer);
   const __m256i grid_zero = _mm256_set1_epi32(t.grid_zero_point);
   const __m256i weight_mask = _mm256_set1_epi32(0x7fff);
   const __m256i last_x0 = _mm256_set1_epi32(t.last_x0), last_y0 = _mm256_set1_epi32(t.last_y0);
@@ -287,15 +365,20 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
   for (int64_t i = 0; i < count; i += 8) {
     __m256i qx = _mm256_setzero_si256(), qy = _mm256_setzero_si256();
     if constexpr (std::is_same_v<GridT, int16_t>) {
-      if (t.vector_coordinates) {
+      if (t.coordinates != Coordinates::kScalar) {
         const __m256i xy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grid + i * 2));
-        qx = vector_tap(
-            _mm256_sub_epi32(_mm256_srai_epi32(_mm256_slli_epi32(xy, 16), 16), grid_zero),
-            regs_x);
-        qy = vector_tap(_mm256_sub_epi32(_mm256_srai_epi32(xy, 16), grid_zero), regs_y);
+        const __m256i gx = _mm256_srai_epi32(_mm256_slli_epi32(xy, 16), 16);
+        const __m256i gy = _mm256_srai_epi32(xy, 16);
+        if (t.coordinates == Coordinates::kInteger) {
+          qx = integer_tap_avx2(gx, integer_x);
+          qy = integer_tap_avx2(gy, integer_y);
+        } else {
+          qx = vector_tap(_mm256_sub_epi32(gx, grid_zero), regs_x);
+          qy = vector_tap(_mm256_sub_epi32(gy, grid_zero), regs_y);
+        }
       }
     }
-    if (!t.vector_coordinates) {
+    if (t.coordinates == Coordinates::kScalar) {
       alignas(32) int32_t tx[8], ty[8];
       for (int k = 0; k < 8; ++k) {
         const GridT* const grid_point = grid + (i + k) * grid_x;
@@ -359,56 +442,6 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
 // - Lanes: a vector holds one channel pair of eight pixels ([c0 of pixels 0-7 | c1 of 0-7]), so
 //   the weights of eight pixels are one 256-bit broadcast load.
 
-// Steps 1 and 2 and the Q of step 3 for one axis of an int16 grid with zeros or border padding,
-// in 64-bit integer lanes. With F = floor(P / 2^16) clamped as AxisVector says, Q = floor((F +
-// 1) / 2); F = floor((d * M + R) / 2^K) + offset / 2^16 with d = q - zero, K = s + 16 and
-// R = 2^(s-1) (0 when s <= 0), so Q = floor((q * M + C) / 2^S) with S = K + 1 and
-// C = R - zero * M + (offset / 2^16 + 1) * 2^K, clamped to half the bounds of F (the map
-// F -> floor((F + 1) / 2) is monotone and the bounds are even). Halving M and S together while M
-// is even and halving C (floor) leaves Q unchanged, as q * M is an integer. It applies when
-// M < 2^31 (one 32 x 32 -> 64-bit multiply), S <= 32 and Q stays below 2^30 in magnitude.
-struct AxisInteger {
-  bool applies;
-  int32_t multiplier;
-  int64_t constant;
-  int shift;
-  int32_t low, high;
-};
-
-AxisInteger plan_axis_integer(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
-                              bool int16_grid) {
-  AxisInteger integer{};
-  if (!int16_grid || padding == Padding::kReflection || axis.multiplier <= 0 ||
-      axis.shift < -16 || axis.shift > 40) {
-    return integer;
-  }
-  const int64_t k = axis.shift + 16;
-  __int128 multiplier = axis.multiplier;
-  __int128 constant = (axis.shift > 0 ? (static_cast<__int128>(1) << (axis.shift - 1)) : 0) +
-                      ((static_cast<__int128>(axis.offset >> 16) + 1) << k) -
-                      static_cast<__int128>(grid_zero_point) * multiplier;
-  int64_t shift = k + 1;
-  while (shift > 0 && (multiplier & 1) == 0) {
-    multiplier >>= 1;
-    constant >>= 1;  // an arithmetic shift: floor(C / 2)
-    --shift;
-  }
-  const __int128 extreme = 32768 * multiplier + (constant < 0 ? -constant : constant);
-  if (multiplier >= (static_cast<__int128>(1) << 31) || shift > 32 ||
-      extreme >= (static_cast<__int128>(1) << 62) ||
-      (extreme >> shift) >= (static_cast<__int128>(1) << 30)) {
-    return integer;
-  }
-  integer.applies = true;
-  integer.multiplier = static_cast<int32_t>(multiplier);
-  integer.constant = static_cast<int64_t>(constant);
-  integer.shift = static_cast<int>(shift);
-  const bool border = padding == Padding::kBorder;
-  integer.low = border ? 0 : -65536;
-  integer.high = static_cast<int32_t>((border ? axis.size - 1 : axis.size) * 32768);
-  return integer;
-}
-
 struct AxisInteger512 {
   __m512i multiplier, constant, low, high;
   __m128i even_shift, odd_shift;  // S, and 32 - S: the odd lanes' Q lands in the upper half
@@ -471,15 +504,6 @@ struct WideTapBlock {
   int inside[kBlock / 8];  // per 8 pixels, bit i: pixel i is on the vector path
 };
 
-enum class Coordinates { kInteger, kFloat, kScalar };
-
-struct WideTapParams {
-  Coordinates coordinates;
-  AxisInteger x_integer, y_integer;
-  AxisVector x_float, y_float;
-  int32_t grid_zero_point, last_x0, last_y0, stride_y;  // last: size - 2
-};
-
 // Byte indexes into [A | B] (two packus_epi32 results: A = [c00 | c01], B = [c10 | h] per four
 // pixels) that gather each pixel's low (high: + 1) weight bytes.
 constexpr std::array<uint8_t, 64> weight_byte_index(int high) {
@@ -500,7 +524,7 @@ constexpr std::array<uint8_t, 64> weight_byte_index(int high) {
 template <typename GridT, Coordinates kCoordinates>
 ETKIT_AVX512 __attribute__((noinline)) void taps_block_wide(const GridT* grid, int64_t grid_x,
                                                             int64_t grid_axis, int64_t count,
-                                                            const WideTapParams& t,
+                                                            const TapParams& t,
                                                             const QuantizedPlan& p,
                                                             WideTapBlock* block) {
   const AxisInteger512 integer_x = axis_integer_registers(t.x_integer);
@@ -811,32 +835,27 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
   const AxisVector axis_x = plan_axis_vector(p.x, p.grid_zero_point, p.params.padding, kInt16Grid);
   const AxisVector axis_y = plan_axis_vector(p.y, p.grid_zero_point, p.params.padding, kInt16Grid);
   const bool pairs = grid_axis == 1 && grid_x == 2;  // (x, y) pairs, one after the other
-  const TapParams taps{axis_x,
-                       axis_y,
-                       static_cast<int32_t>(p.grid_zero_point),
-                       static_cast<int32_t>(width - 2),
-                       static_cast<int32_t>(height - 2),
-                       static_cast<int32_t>(image.strides[2]),
-                       axis_x.applies && axis_y.applies && pairs};
-  const NarrowRequant narrow = narrow_requant(p.requant_multiplier, p.requant_shift);
-  // AVX-512 for both passes where the 32-bit requantization applies, else AVX2.
-  const bool use_wide = wide && (std::is_same_v<OutT, float> || narrow.applies);
   const AxisInteger integer_x =
       plan_axis_integer(p.x, p.grid_zero_point, p.params.padding, kInt16Grid);
   const AxisInteger integer_y =
       plan_axis_integer(p.y, p.grid_zero_point, p.params.padding, kInt16Grid);
-  const WideTapParams wide_taps{
-      integer_x.applies && integer_y.applies && pairs
-          ? Coordinates::kInteger
-          : (taps.vector_coordinates ? Coordinates::kFloat : Coordinates::kScalar),
+  const TapParams taps{
+      !pairs ? Coordinates::kScalar
+             : (integer_x.applies && integer_y.applies
+                    ? Coordinates::kInteger
+                    : (axis_x.applies && axis_y.applies ? Coordinates::kFloat
+                                                        : Coordinates::kScalar)),
       integer_x,
       integer_y,
       axis_x,
       axis_y,
-      taps.grid_zero_point,
-      taps.last_x0,
-      taps.last_y0,
-      taps.stride_y};
+      static_cast<int32_t>(p.grid_zero_point),
+      static_cast<int32_t>(width - 2),
+      static_cast<int32_t>(height - 2),
+      static_cast<int32_t>(image.strides[2])};
+  const NarrowRequant narrow = narrow_requant(p.requant_multiplier, p.requant_shift);
+  // AVX-512 for both passes where the 32-bit requantization applies, else AVX2.
+  const bool use_wide = wide && (std::is_same_v<OutT, float> || narrow.applies);
   const WideSample wide_sample = plan_wide_sample(p, narrow, std::is_same_v<OutT, float>);
   const __m256i zero_16 = _mm256_set1_epi16(static_cast<int16_t>(p.image_zero_point));
   // the pixels of values[0 .. 3] below, as indexes into a vector of eight pixels' weights
@@ -906,14 +925,14 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
       const GridT* const first = grid_row + ox * grid_x;
       // int16 grids in (x, y) pairs take a vector form; the rest, scalar steps 1 and 2
       const auto fill = [&](auto form) ETKIT_AVX2 {
-        taps_block_wide<GridT, decltype(form)::value>(first, grid_x, grid_axis, count, wide_taps,
+        taps_block_wide<GridT, decltype(form)::value>(first, grid_x, grid_axis, count, taps,
                                                       p, block);
       };
       using Scalar = std::integral_constant<Coordinates, Coordinates::kScalar>;
       if constexpr (kInt16Grid) {
-        if (wide_taps.coordinates == Coordinates::kInteger) {
+        if (taps.coordinates == Coordinates::kInteger) {
           fill(std::integral_constant<Coordinates, Coordinates::kInteger>());
-        } else if (wide_taps.coordinates == Coordinates::kFloat) {
+        } else if (taps.coordinates == Coordinates::kFloat) {
           fill(std::integral_constant<Coordinates, Coordinates::kFloat>());
         } else {
           fill(Scalar());
