@@ -346,8 +346,27 @@ ETKIT_AVX2 inline __m128i load4(const int32_t* values) {
   return _mm_load_si128(reinterpret_cast<const __m128i*>(values));
 }
 
-// The block's taps, eight pixels at a time; `grid` points at the block's first grid point.
-template <typename GridT>
+// Calls fill(std::integral_constant<Coordinates, C>()) with C = `coordinates` (kScalar for
+// int8 grids), so that each first pass is compiled for one form of steps 1 and 2.
+template <typename GridT, typename Fill>
+void with_coordinates(Coordinates coordinates, const Fill& fill) {
+  using C = Coordinates;
+  if constexpr (std::is_same_v<GridT, int16_t>) {
+    if (coordinates == C::kInteger) {
+      fill(std::integral_constant<C, C::kInteger>());
+      return;
+    }
+    if (coordinates == C::kFloat) {
+      fill(std::integral_constant<C, C::kFloat>());
+      return;
+    }
+  }
+  fill(std::integral_constant<C, C::kScalar>());
+}
+
+// The block's taps, eight pixels at a time, steps 1 and 2 by `kCoordinates`; `grid` points at
+// the block's first grid point.
+template <typename GridT, Coordinates kCoordinates>
 ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_axis,
                                 int64_t count, const TapParams& t, const QuantizedPlan& p,
                                 TapBlock* block) {
@@ -363,22 +382,8 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
   const __m256i four = _mm256_set1_epi32(4);
   const __m256i thirty_two = _mm256_set1_epi32(32);
   for (int64_t i = 0; i < count; i += 8) {
-    __m256i qx = _mm256_setzero_si256(), qy = _mm256_setzero_si256();
-    if constexpr (std::is_same_v<GridT, int16_t>) {
-      if (t.coordinates != Coordinates::kScalar) {
-        const __m256i xy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grid + i * 2));
-        const __m256i gx = _mm256_srai_epi32(_mm256_slli_epi32(xy, 16), 16);
-        const __m256i gy = _mm256_srai_epi32(xy, 16);
-        if (t.coordinates == Coordinates::kInteger) {
-          qx = integer_tap_avx2(gx, integer_x);
-          qy = integer_tap_avx2(gy, integer_y);
-        } else {
-          qx = vector_tap(_mm256_sub_epi32(gx, grid_zero), regs_x);
-          qy = vector_tap(_mm256_sub_epi32(gy, grid_zero), regs_y);
-        }
-      }
-    }
-    if (t.coordinates == Coordinates::kScalar) {
+    __m256i qx, qy;
+    if constexpr (kCoordinates == Coordinates::kScalar) {
       alignas(32) int32_t tx[8], ty[8];
       for (int k = 0; k < 8; ++k) {
         const GridT* const grid_point = grid + (i + k) * grid_x;
@@ -387,6 +392,17 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
       }
       qx = load8(tx);
       qy = load8(ty);
+    } else {
+      const __m256i xy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grid + i * 2));
+      const __m256i gx = _mm256_srai_epi32(_mm256_slli_epi32(xy, 16), 16);
+      const __m256i gy = _mm256_srai_epi32(xy, 16);
+      if constexpr (kCoordinates == Coordinates::kInteger) {
+        qx = integer_tap_avx2(gx, integer_x);
+        qy = integer_tap_avx2(gy, integer_y);
+      } else {
+        qx = vector_tap(_mm256_sub_epi32(gx, grid_zero), regs_x);
+        qy = vector_tap(_mm256_sub_epi32(gy, grid_zero), regs_y);
+      }
     }
     const __m256i x0 = _mm256_srai_epi32(qx, kWeightBits), wx = _mm256_and_si256(qx, weight_mask);
     const __m256i y0 = _mm256_srai_epi32(qy, kWeightBits), wy = _mm256_and_si256(qy, weight_mask);
@@ -923,23 +939,10 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
     const auto wide_first_pass = [&](int64_t ox, WideTapBlock* block) ETKIT_AVX2 {
       const int64_t count = block_count(ox);
       const GridT* const first = grid_row + ox * grid_x;
-      // int16 grids in (x, y) pairs take a vector form; the rest, scalar steps 1 and 2
-      const auto fill = [&](auto form) ETKIT_AVX2 {
-        taps_block_wide<GridT, decltype(form)::value>(first, grid_x, grid_axis, count, taps,
-                                                      p, block);
-      };
-      using Scalar = std::integral_constant<Coordinates, Coordinates::kScalar>;
-      if constexpr (kInt16Grid) {
-        if (taps.coordinates == Coordinates::kInteger) {
-          fill(std::integral_constant<Coordinates, Coordinates::kInteger>());
-        } else if (taps.coordinates == Coordinates::kFloat) {
-          fill(std::integral_constant<Coordinates, Coordinates::kFloat>());
-        } else {
-          fill(Scalar());
-        }
-      } else {
-        fill(Scalar());
-      }
+      with_coordinates<GridT>(taps.coordinates, [&](auto form) ETKIT_AVX2 {
+        taps_block_wide<GridT, decltype(form)::value>(first, grid_x, grid_axis, count, taps, p,
+                                                      block);
+      });
       prefetch(block->offsets, block->offsets, count);
       return count;
     };
@@ -960,7 +963,10 @@ ETKIT_AVX2 void rows_x86(const View4<const int8_t>& image, const View4<const Gri
     };
     const auto first_pass = [&](int64_t ox, TapBlock* block) ETKIT_AVX2 {
       const int64_t count = block_count(ox);
-      taps_block_avx2(grid_row + ox * grid_x, grid_x, grid_axis, count, taps, p, block);
+      with_coordinates<GridT>(taps.coordinates, [&](auto form) ETKIT_AVX2 {
+        taps_block_avx2<GridT, decltype(form)::value>(grid_row + ox * grid_x, grid_x, grid_axis,
+                                                      count, taps, p, block);
+      });
       prefetch(block->offsets, block->lower_offsets, count);
       return count;
     };
