@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from etkit_exporter import ExportError, export_model
+from etkit_exporter.artifacts import DestinationError
 from etkit_exporter.demos import DEMOS
 from etkit_quant import snorm8, snorm16, unorm8
 
@@ -205,8 +206,9 @@ def test_api_bad_input(tmp_path: Path) -> None:
         export_model(model, inputs, artifacts_root=out, target="vgf", verify=True)
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="force=True"):
-        export_model(model, inputs, artifacts_root=out)
+    for force in (False, True):
+        with pytest.raises(DestinationError, match="not an etkit export"):
+            export_model(model, inputs, artifacts_root=out, force=force)
     assert (out / "keep.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # nothing half-written
 
@@ -245,8 +247,10 @@ def test_cli_usage_errors(tmp_path: Path, args: list[str], message: str) -> None
 
 def test_cli_refuses_existing_folder_and_reports_failed_export(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
-    done = _run_cli("demo", "stn", "--out", "out", cwd=tmp_path)
-    assert done.returncode == 2 and "--force" in done.stderr
+    (tmp_path / "out" / "mine.txt").write_text("mine")
+    done = _run_cli("demo", "stn", "--out", "out", "--force", cwd=tmp_path)
+    assert done.returncode == 2 and "not an etkit export" in done.stderr
+    assert (tmp_path / "out" / "mine.txt").read_text() == "mine"
     (tmp_path / "bad_models.py").write_text(
         "import torch\n"
         "class M(torch.nn.Module):\n"

@@ -64,7 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-quant", action="store_true", help="export in float")
     parser.add_argument("--target", choices=TARGETS, default="vgf")
     parser.add_argument("--out", type=Path, help="artifacts folder (default artifacts/NAME-TARGET)")
-    parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    parser.add_argument(
+        "--force", action="store_true",
+        help="replace an earlier etkit export at --out (never other files: see the README)",
+    )  # fmt: skip
     parser.add_argument(
         "--verify", action="store_true",
         help="run the exported program in executorch.runtime and compare (target xnnpack)",
@@ -172,6 +175,7 @@ def _summary(result: Any, seconds: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``etkit-export``; returns the exit status."""
+    from etkit_exporter.artifacts import check_destination
     from etkit_exporter.cli import quiet_third_party_noise
 
     quiet_third_party_noise()  # before torch and torchao are imported
@@ -185,14 +189,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, inputs, name = _model_from(args)
         ins = None if args.quant_input is None else [parse_qspec(q) for q in args.quant_input]
         outs = None if args.quant_output is None else [parse_qspec(q) for q in args.quant_output]
-        out = args.out or Path("artifacts") / f"{name}-{args.target}"
-    except UsageError as error:
+        out = args.out if args.out is not None else Path("artifacts") / f"{name}-{args.target}"
+        destination = check_destination(out, args.force)
+    except (UsageError, ValueError, FileExistsError) as error:
         print(f"etkit-export: usage error: {error}", file=sys.stderr)
         return 2
     from etkit_exporter.pipeline import ExportError, export_model
 
     start = time.perf_counter()
     print(f"exporting {name} for {args.target} into {out}", flush=True)
+    for note in destination.notes:
+        print(f"note: {note}", flush=True)
     try:
         result = export_model(
             model,
@@ -212,6 +219,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ExportError as error:
         print(f"etkit-export: export failed: {error}".splitlines()[0], file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            f"etkit-export: interrupted; nothing was written and {out} is as it was",
+            file=sys.stderr,
+        )
+        return 130
     print(_summary(result, time.perf_counter() - start))
     return 0
 

@@ -3,10 +3,11 @@ integer-IO ExecuTorch program with its artifacts and report."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
-import shutil
-import tempfile
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,6 +19,8 @@ import torch
 from torch.export import ExportedProgram
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
+from etkit_exporter import __version__
+from etkit_exporter.artifacts import Staging, check_destination
 from etkit_quant import snorm8, snorm16
 
 logger = logging.getLogger(__name__)
@@ -54,8 +57,6 @@ def _check_arguments(
     model: object,
     example_inputs: object,
     target: object,
-    artifacts_root: Path,
-    force: bool,
 ) -> tuple[torch.Tensor, ...]:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -72,11 +73,6 @@ def _check_arguments(
             )
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
-    if artifacts_root.exists() and not force:
-        raise FileExistsError(
-            f"{artifacts_root} exists; choose another folder or pass force=True (--force) to "
-            "replace it"
-        )
     return example_inputs
 
 
@@ -124,39 +120,82 @@ def export_model(
     (``quantize_grid_sample_output``) or float. ``verify`` (target "xnnpack") runs the program in
     ``executorch.runtime`` and compares it with the float and the quantized model.
 
-    Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``),
-    artifacts are written to a temporary folder and moved into place at the end; a failing stage
-    raises ``ExportError`` naming it and leaves nothing behind."""
+    Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``;
+    ``etkit_exporter.artifacts.DestinationError``, a ``ValueError``, for an ``artifacts_root``
+    etkit will not write or replace). ``force`` replaces an earlier etkit export, never anything
+    else (see ``etkit_exporter.artifacts``). Artifacts are written to a staging folder beside
+    ``artifacts_root`` and swapped into place at the end, so a kill at any instant leaves the
+    previous export or the new one; a failing stage raises ``ExportError`` naming it (a full disk
+    says so) and leaves nothing behind."""
     root = Path(artifacts_root)
-    inputs = _check_arguments(model, example_inputs, target, root, force)
+    inputs = _check_arguments(model, example_inputs, target)
     if verify and target != "xnnpack":
         raise ValueError("verify=True runs the program on the CPU: use target='xnnpack'")
+    destination = check_destination(root, force)
+    for note in destination.notes:
+        logger.warning("%s", note)
     stages = _Stages(on_stage)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
-        result = _run(
-            model.eval(),
-            inputs,
-            work,
-            Path(intermediate_artifacts_root) if intermediate_artifacts_root else None,
-            quantized_input_qspecs,
-            quantized_output_qspecs,
-            quantize_grid_sample_output,
-            enable_pt2e_quantization,
-            target,
-            verify,
-            stages,
-        )
-        if root.exists():
-            shutil.rmtree(root)
-        work.rename(root)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+        with _sigterm_as_exit(), Staging(destination) as staging:
+            result = _run(
+                model.eval(),
+                inputs,
+                staging.path,
+                Path(intermediate_artifacts_root) if intermediate_artifacts_root else None,
+                quantized_input_qspecs,
+                quantized_output_qspecs,
+                quantize_grid_sample_output,
+                enable_pt2e_quantization,
+                target,
+                verify,
+                stages,
+            )
+            staging.commit(force, producer={"tool": "etkit-exporter", "version": __version__})
+    except (ExportError, OSError) as error:
+        full = _disk_full(error)
+        if full is None:
+            raise
+        raise ExportError(
+            f"the disk is full: no space left on the device holding {destination.path.parent} "
+            f"({full.strerror}); nothing was written and {root} is as it was before; free some "
+            "space and export again"
+        ) from error
     result.artifacts_root = root
     result.pte_path = root / "model.pte"
     return result
+
+
+def _disk_full(error: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT error in ``error``'s chain of causes, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C (so the staging folder is removed) and exits 143; only where
+    SIGTERM has its default action and on the main thread, as Python allows."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(
