@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -285,28 +286,34 @@ def previous_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("sig", "stage", "status"),
+    ("sig", "stage", "status", "target"),
     [
-        (signal.SIGTERM, "capture", 143),
-        (signal.SIGKILL, "quantize", -signal.SIGKILL),
-        (signal.SIGINT, "lower_main", 130),
+        (signal.SIGTERM, "capture", 143, "xnnpack"),
+        (signal.SIGKILL, "quantize", -signal.SIGKILL, "xnnpack"),
+        (signal.SIGINT, "lower_main", 130, "xnnpack"),
+        (signal.SIGINT, "re_export", 130, "vgf"),  # VGF lowering: model-converter runs
     ],
 )
 def test_signal_during_a_real_export_keeps_the_previous_one(
-    previous_export: Path, sig: int, stage: str, status: int
+    previous_export: Path, sig: int, stage: str, status: int, target: str
 ) -> None:
     before = {p: p.read_bytes() for p in previous_export.rglob("*") if p.is_file()}
     process = _etkit_export(
-        "demo", "resample", "--target", "xnnpack", "--out", "out", "--force",
+        "demo", "resample", "--target", target, "--out", "out", "--force",
         cwd=previous_export.parent,
     )  # fmt: skip
     _wait_for_stage(process, stage)
+    if target == "vgf":
+        time.sleep(1.0)  # into the VGF lowering
+    sent = time.monotonic()
     process.send_signal(sig)
     process.wait(timeout=60)
     assert process.returncode == status
+    assert time.monotonic() - sent < 5, "the export did not stop promptly"
     assert {p: p.read_bytes() for p in previous_export.rglob("*") if p.is_file()} == before
     if sig != signal.SIGKILL:  # Ctrl-C and SIGTERM clean up at once
         assert _leftovers(previous_export.parent) == []
+        assert "is as it was" in (process.stderr.read() if process.stderr else "")
     recover(previous_export)
     assert _leftovers(previous_export.parent) == []
 

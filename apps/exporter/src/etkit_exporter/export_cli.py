@@ -7,8 +7,10 @@ import importlib
 import logging
 import os
 import re
+import signal
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -217,14 +219,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"etkit-export: usage error: {error}", file=sys.stderr)
         return 2
     except ExportError as error:
+        if args.verbose:
+            traceback.print_exception(error, file=sys.stderr)
         print(f"etkit-export: export failed: {error}".splitlines()[0], file=sys.stderr)
+        if not args.verbose:
+            print("  (--verbose shows the whole chain of errors)", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(
-            f"etkit-export: interrupted; nothing was written and {out} is as it was",
-            file=sys.stderr,
-        )
-        return 130
+    except (KeyboardInterrupt, SystemExit) as stop:
+        if isinstance(stop, SystemExit) and stop.code != 128 + signal.SIGTERM:
+            raise
+        what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated"
+        print(f"etkit-export: {what}; nothing was written and {out} is as it was", file=sys.stderr)
+        return 130 if isinstance(stop, KeyboardInterrupt) else 128 + signal.SIGTERM
     print(_summary(result, time.perf_counter() - start))
     return 0
 

@@ -21,6 +21,7 @@ from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_exporter import __version__
 from etkit_exporter.artifacts import Staging, check_destination
+from etkit_exporter.diagnostics import root_cause
 from etkit_quant import snorm8, snorm16
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class _Stages:
         try:
             yield
         except Exception as error:
-            raise ExportError(f"stage '{name}' failed: {type(error).__name__}: {error}") from error
+            raise ExportError(f"stage '{name}' failed: {root_cause(error)}") from error
         seconds = time.perf_counter() - start
         self.timings[name] = round(seconds, 3)
         if self.callback is not None:
@@ -285,6 +286,7 @@ def _run(
         )
         io_params = io_table(manager.exported_program(), extracted)
     with stages.stage("serialize"):
+        strip_build_paths(manager.exported_program())
         (work / "model.pte").write_bytes(manager.to_executorch().buffer)
         (work / "io_quant_params.json").write_text(json.dumps(io_params, indent=2) + "\n")
     verification = None
@@ -315,6 +317,26 @@ def _run(
         verification=verification,
         converted_model=converted,
     )
+
+
+# Compile-spec keys that hold a folder of the machine that lowered the program (the Arm backend's
+# intermediates); no runtime reads them, and a shipped program must not carry them.
+BUILD_PATH_COMPILE_SPECS: Final = frozenset({"debug_artifact_path"})
+
+
+def strip_build_paths(program: ExportedProgram) -> list[str]:
+    """Removes the compile specs of ``BUILD_PATH_COMPILE_SPECS`` from every lowered module of
+    ``program`` (nested ones included), so that the serialized program holds no path of this
+    machine and two exports of one model are byte-identical. Returns the removed keys."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    removed: list[str] = []
+    for module in program.graph_module.modules():
+        if isinstance(module, LoweredBackendModule):
+            kept = [c for c in module.compile_specs if c.key not in BUILD_PATH_COMPILE_SPECS]
+            removed += [c.key for c in module.compile_specs if c.key in BUILD_PATH_COMPILE_SPECS]
+            module._compile_specs = kept
+    return removed
 
 
 def _backend(target: str, intermediates: Path) -> tuple[Any, Any, str | None]:

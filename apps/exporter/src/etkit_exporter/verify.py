@@ -3,11 +3,16 @@ models it came from."""
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from etkit_exporter.diagnostics import capture_native_log
+
+logger = logging.getLogger(__name__)
 
 
 def psnr(actual: torch.Tensor, reference: torch.Tensor) -> float | None:
@@ -64,8 +69,16 @@ def verify_program(
         _as_program_input(x, entry)
         for x, entry in zip(example_inputs, io_params["inputs"], strict=True)
     ]
-    method = Runtime.get().load_program(pte).load_method("forward")
-    raw = method.execute(inputs)
+    failure: RuntimeError | None = None
+    with capture_native_log(echo=logger.isEnabledFor(logging.DEBUG)) as log:
+        try:
+            method = Runtime.get().load_program(pte).load_method("forward")
+            raw = method.execute(inputs)
+        except RuntimeError as error:
+            failure = error
+    if failure is not None:
+        said = "; ".join(log.errors[-3:]) or "nothing on its log"
+        raise RuntimeError(f"{failure} (the runtime said: {said})") from failure
     actual = [_as_float_output(y, e) for y, e in zip(raw, io_params["outputs"], strict=True)]
     with torch.no_grad():
         references = {

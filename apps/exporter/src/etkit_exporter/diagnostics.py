@@ -1,0 +1,99 @@
+"""Finding the cause of a failure: the innermost error of an exception chain with the pass that
+raised it, and the log lines that C++ code (the ExecuTorch runtime, XNNPACK, etkit's kernels)
+wrote to stderr while Python saw only "error 0x1"."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+_PASS_NAME = re.compile(r"running the '([^']+)' pass")
+# Wrappers that name themselves instead of the pass that failed inside them.
+_WRAPPER_PASSES = frozenset({"_ExportedProgramGraphPassAdapter"})
+# ExecuTorch's ET_LOG line: "[method.cpp:123] message" from the pip wheel's runtime, or
+# "E 00:00:01.234567 executorch:method.cpp:123] message" from a build with log levels.
+_NATIVE_ERROR = re.compile(r"^(?:\[|[EF] \d\d:\d\d:\d\d\.\d+ )[\w.:/-]+:\d+\] (.*)$")
+_MAX_MESSAGE = 400
+
+
+def exception_chain(error: BaseException) -> list[BaseException]:
+    """``error`` and its causes, outermost first (``__cause__``, else an unsuppressed
+    ``__context__``)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        if current.__cause__ is not None:
+            current = current.__cause__
+        elif not current.__suppress_context__:
+            current = current.__context__
+        else:
+            current = None
+    return chain
+
+
+def _first_line(text: str) -> str:
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 3] + "..."
+
+
+def root_cause(error: BaseException) -> str:
+    """One line: the innermost error's type and first line of text, and the innermost pass
+    named on the way (torch's pass manager wraps a failing pass in an error that names it)."""
+    chain = exception_chain(error)
+    passes = [
+        name for e in chain for name in _PASS_NAME.findall(str(e)) if name not in _WRAPPER_PASSES
+    ]
+    innermost = next(
+        (e for e in reversed(chain) if _first_line(str(e))),
+        chain[-1],
+    )
+    text = _first_line(str(innermost)) or "(no message)"
+    where = f" in pass {passes[-1]}" if passes else ""
+    return f"{type(innermost).__name__}{where}: {text}"
+
+
+@dataclass
+class NativeLog:
+    """What native code wrote to the process's stderr inside ``capture_native_log``."""
+
+    text: str = ""
+    errors: list[str] = field(default_factory=list)
+
+
+@contextmanager
+def capture_native_log(echo: bool = False) -> Iterator[NativeLog]:
+    """Redirects file descriptor 2 (where C++ code logs) into a temporary file for the block,
+    then puts it back; ``log.errors`` holds the messages of ExecuTorch's log lines.
+    ``echo`` writes the captured text to stderr afterwards. Python's ``sys.stderr`` points at
+    the same descriptor for the block, so what is written there is captured too."""
+    log = NativeLog()
+    sys.stderr.flush()
+    saved, python_stderr = os.dup(2), sys.stderr
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        # The pip runtime logs through Python's sys.stderr, which a host (pytest, an IDE) may
+        # have pointed elsewhere than descriptor 2.
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115  (closed in finally)
+        try:
+            yield log
+        finally:
+            sys.stderr.close()
+            sys.stderr = python_stderr
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            log.text = sink.read().decode(errors="replace")
+            log.errors = [
+                match[1]
+                for line in log.text.splitlines()
+                if (match := _NATIVE_ERROR.match(line.strip()))
+            ]
+            if echo and log.text:
+                sys.stderr.write(log.text)
+                sys.stderr.flush()

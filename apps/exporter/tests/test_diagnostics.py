@@ -1,0 +1,102 @@
+"""Failures name their cause: the innermost error and failing pass of a real pass-manager chain,
+the runtime's own log line when a real program fails to load, reproducible programs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.fx.passes.infra.pass_base import PassBase, PassResult
+from torch.fx.passes.infra.pass_manager import PassManager
+
+from etkit_exporter import export_model
+from etkit_exporter.demos import DEMOS
+from etkit_exporter.diagnostics import capture_native_log, root_cause
+from etkit_exporter.verify import verify_program
+
+
+class FirstPass(PassBase):
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        return PassResult(graph_module, False)
+
+
+class InsertSomethingPass(PassBase):
+    def call(self, graph_module: torch.fx.GraphModule) -> PassResult:
+        raise ValueError("Expected two input qparams, got: {1: QuantArgs(scale=0.1)}")
+
+
+def test_root_cause_names_the_innermost_error_and_pass() -> None:
+    graph = torch.fx.symbolic_trace(torch.nn.ReLU())
+    manager = PassManager(passes=[FirstPass(), InsertSomethingPass()])
+    with pytest.raises(Exception) as caught:
+        try:
+            manager(graph)
+        except Exception as error:
+            raise RuntimeError("error 0x1") from error
+    line = root_cause(caught.value)
+    assert line.startswith("ValueError in pass InsertSomethingPass: Expected two input qparams")
+    assert "\n" not in line
+
+
+def test_capture_native_log_sees_what_cpp_writes() -> None:
+    script = (
+        "import ctypes, sys\n"
+        "from etkit_exporter.diagnostics import capture_native_log\n"
+        "libc = ctypes.CDLL(None)\n"
+        "with capture_native_log() as log:\n"
+        "    libc.dprintf(2, b'[method.cpp:1] Failed to init\\n')\n"
+        "print(log.errors)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "['Failed to init']" and "Failed to init" not in done.stderr
+
+
+@pytest.fixture(scope="module")
+def resample_export(tmp_path_factory: pytest.TempPathFactory) -> object:
+    model, inputs = DEMOS["resample"]()
+    root = tmp_path_factory.mktemp("diag") / "out"
+    return export_model(model, inputs, artifacts_root=root, target="xnnpack")
+
+
+def test_runtime_failure_carries_the_runtime_log_line(
+    resample_export: object, tmp_path: Path
+) -> None:
+    result = resample_export
+    blob_at = result.pte_path.read_bytes().index(b"ETGS")  # type: ignore[attr-defined]
+    corrupt = bytearray(result.pte_path.read_bytes())  # type: ignore[attr-defined]
+    corrupt[blob_at + 8] ^= 0x01  # the mode byte: the blob's checksum no longer holds
+    bad = tmp_path / "bad.pte"
+    bad.write_bytes(bytes(corrupt))
+    model, inputs = DEMOS["resample"]()
+    with pytest.raises(RuntimeError, match=r"the runtime said: .*grid-sampler delegate"):
+        verify_program(
+            bad,
+            model,
+            result.converted_model,  # type: ignore[attr-defined]
+            inputs,
+            result.io_quant_params,  # type: ignore[attr-defined]
+        )
+    with capture_native_log() as log:
+        pass
+    assert log.errors == []
+
+
+def test_exports_are_byte_identical_and_hold_no_build_path(tmp_path: Path) -> None:
+    """Two VGF exports of one model into different folders: the same ``model.pte`` bytes, and no
+    artifact names the folder or the staging folder it was built in."""
+    programs = []
+    for name in ("first", "second"):
+        model, inputs = DEMOS["flow-warp"]()
+        result = export_model(model, inputs, artifacts_root=tmp_path / name / "out", target="vgf")
+        programs.append(result.pte_path.read_bytes())
+        for path in (tmp_path / name / "out").rglob("*"):
+            if path.is_file() and path.suffix in (".pte", ".json", ".md"):
+                data = path.read_bytes()
+                assert str(tmp_path).encode() not in data, path
+                assert b".etkit-new-" not in data, path
+    assert programs[0] == programs[1]
