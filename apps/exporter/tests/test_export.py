@@ -276,3 +276,106 @@ def test_cli_refuses_existing_folder_and_reports_failed_export(tmp_path: Path) -
 def test_help_has_examples(tmp_path: Path) -> None:
     done = _run_cli("--help", cwd=tmp_path)
     assert done.returncode == 0 and "examples:" in done.stdout and "--quant-input" in done.stdout
+
+
+_USER_MODELS = """
+import torch, torch.nn.functional as F
+
+class Warp(torch.nn.Module):
+    def forward(self, image, grid):
+        return F.grid_sample(image, grid, align_corners=True)
+
+class Volume(torch.nn.Module):
+    def forward(self, volume, grid):
+        return F.grid_sample(volume, grid, align_corners=True)
+
+def raises():
+    raise OSError("weights.pt not found")
+
+not_callable = 42
+
+def float64():
+    return Warp(), (torch.rand(1, 4, 8, 8, dtype=torch.float64), torch.rand(1, 4, 4, 2))
+
+def nan_input():
+    image = torch.rand(1, 4, 8, 8)
+    image[0, 0, 0, 0] = float("nan")
+    return Warp(), (image, torch.rand(1, 4, 4, 2))
+
+def volume():
+    return Volume(), (torch.rand(1, 2, 4, 4, 4), torch.rand(1, 3, 3, 3, 3) * 2 - 1)
+
+def warp():
+    return Warp()
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (["--model", "user_bad:raises"], 1, "raised OSError: weights.pt not found"),
+        (["--model", "user_bad:not_callable"], 2, "not a callable factory"),
+        (["--model", "user_broken:make"], 2, "raised ZeroDivisionError"),
+        (["--model", "user_bad:float64"], 2, "example_inputs[0] is float64"),
+        (["--model", "user_bad:nan_input"], 2, "example_inputs[0] holds 1 NaN or infinite"),
+        (["--model", "user_bad:volume"], 1, "etkit exports 2-D grid_sample only"),
+        (["--model", "user_bad:warp", "--input-shape", "1x4x8", "--input-shape", "1x4x4x2"], 2,
+         "forward fails on the example inputs (1x4x8, 1x4x4x2)"),
+        (["--model", "user_bad:warp", "--input-shape", "1x4x99999x99999",
+          "--input-shape", "1x4x4x2"], 2, "GiB for one float32 tensor"),
+        (["demo", "--quant-input", "q0.32"], 2, "a Q-format fits a sign bit and at most 15"),
+        (["demo", "--quant-input", "q99999999999999999999.1"], 2, "is out of range"),
+        (["demo", "--input-shape", "1x3x8x8"], 2, "--input-shape applies to --model only"),
+        (["demo", "--no-quant", "--quant-output", "snorm8"], 2, "no effect with --no-quant"),
+    ],
+)  # fmt: skip
+def test_cli_mistakes_name_their_cause(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    status: int,
+    message: str,
+) -> None:
+    """Each mistake: one line naming the cause (plus at most a hint), the right exit status,
+    nothing written. In-process: these fail before any lowering."""
+    from etkit_exporter.export_cli import main
+
+    (tmp_path / "user_bad.py").write_text(_USER_MODELS)
+    (tmp_path / "user_broken.py").write_text("x = 1 / 0\ndef make(): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert main([*args, "--out", "out"]) == status
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("etkit-export:")]
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".py") in (
+        [],
+        ["__pycache__"],
+    )
+
+
+def test_cli_read_only_out_is_a_usage_error(tmp_path: Path) -> None:
+    """--out in a read-only file system (a read-only tmpfs where this user may mount one, else a
+    folder without write permission)."""
+    place = tmp_path / "ro"
+    place.mkdir()
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(place)],
+            capture_output=True,
+            check=False,
+        ).returncode
+        == 0
+    )
+    if not mounted:
+        place.chmod(0o555)
+    try:
+        done = _run_cli("demo", "resample", "--out", "ro/out", cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert "choose" in done.stderr and "ro" in done.stderr and "Traceback" not in done.stderr
+        assert list(place.iterdir()) == []
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(place)], check=False)

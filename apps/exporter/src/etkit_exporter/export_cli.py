@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
 import re
 import signal
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+
+from etkit_exporter.diagnostics import root_cause
 
 EXAMPLES = """examples:
   etkit-export demo                # the flow-warp demo, for VGF, into artifacts/flow-warp-vgf
@@ -33,6 +36,10 @@ exit status: 0 exported, 1 the export failed, 2 usage error (each with a one-lin
 
 class UsageError(Exception):
     """A mistake in the command line."""
+
+
+class ModelError(Exception):
+    """The user's model could not be built (its factory raised)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,10 +94,17 @@ def parse_qspec(text: str) -> Any:
         return named[text]()
     if text == "float":
         return None
-    match = re.fullmatch(r"q(\d+)\.(\d+)", text)
+    match = re.fullmatch(r"q(\d{1,3})\.(\d{1,3})", text)
     if match:
         integer, fraction = int(match[1]), int(match[2])
+        if integer + fraction > 15:
+            raise UsageError(
+                f"qspec '{text}' has {integer + fraction} integer and fraction bits; a Q-format "
+                "fits a sign bit and at most 15 more in int16 (e.g. q3.12, q0.7)"
+            )
         return qformat(fraction, bits=8 if integer + fraction < 8 else 16)
+    if re.fullmatch(r"q\d+\.\d+", text):
+        raise UsageError(f"qspec '{text}' is out of range: a Q-format has M + N <= 15 (e.g. q3.12)")
     raise UsageError(f"unknown qspec '{text}' (snorm8, snorm16, unorm8, qM.N or float)")
 
 
@@ -109,10 +123,27 @@ def load_model(
         raise UsageError(f"--model '{spec}' must be package.module:factory")
     module_name, factory_name = spec.split(":", 1)
     try:
-        factory = getattr(importlib.import_module(module_name), factory_name)
-    except (ImportError, AttributeError) as error:
-        raise UsageError(f"cannot load --model '{spec}': {error}") from error
-    made = factory()
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(f"cannot import --model module '{module_name}': {error}") from error
+    except Exception as error:
+        raise UsageError(
+            f"importing --model module '{module_name}' raised {root_cause(error)}; fix the module"
+        ) from error
+    factory = getattr(module, factory_name, None)
+    if factory is None:
+        raise UsageError(f"--model module '{module_name}' has no '{factory_name}'")
+    if not callable(factory):
+        raise UsageError(
+            f"--model '{spec}' is a {type(factory).__name__}, not a callable factory that returns "
+            "the model (or the model and its example inputs)"
+        )
+    for shape in shapes:
+        _check_fits_in_memory(shape)
+    try:
+        made = factory()
+    except Exception as error:
+        raise ModelError(f"--model factory '{spec}' raised {root_cause(error)}") from error
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
         model, inputs = made
         inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
@@ -125,6 +156,21 @@ def load_model(
         raise UsageError("--model factory returned only the module: give --input-shape per input")
     torch.manual_seed(0)
     return made, tuple(torch.rand(shape) * 2 - 1 for shape in shapes)
+
+
+def _check_fits_in_memory(shape: tuple[int, ...]) -> None:
+    """Refuses an ``--input-shape`` whose float32 tensor alone exceeds this machine's memory."""
+    needed = 4 * math.prod(shape)
+    try:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return
+    if needed > available:
+        text = "x".join(map(str, shape))
+        raise UsageError(
+            f"--input-shape {text} needs {needed / 2**30:.1f} GiB for one float32 tensor; this "
+            f"machine has {available / 2**30:.1f} GiB: give a smaller shape"
+        )
 
 
 class _Progress:
@@ -196,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ValueError, FileExistsError) as error:
         print(f"etkit-export: usage error: {error}", file=sys.stderr)
         return 2
+    except ModelError as error:
+        print(f"etkit-export: export failed: {error}", file=sys.stderr)
+        return 1
     from etkit_exporter.pipeline import ExportError, export_model
 
     start = time.perf_counter()
@@ -239,11 +288,19 @@ def _model_from(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple[torch.
     from etkit_exporter.demos import DEMOS
 
     shapes = [parse_shape(s) for s in args.input_shape]
+    if args.no_quant and (args.quant_input or args.quant_output):
+        raise UsageError(
+            "--quant-input/--quant-output have no effect with --no-quant: drop one or the other"
+        )
     if args.demo:
         if args.demo[0] != "demo" or len(args.demo) > 2:
             raise UsageError(f"unexpected arguments {' '.join(args.demo)} (try: demo [NAME])")
         if args.model:
             raise UsageError("give either demo [NAME] or --model, not both")
+        if shapes:
+            raise UsageError(
+                "--input-shape applies to --model only: a demo has its own example inputs"
+            )
         name = args.demo[1] if len(args.demo) == 2 else "flow-warp"
         if name not in DEMOS:
             raise UsageError(f"unknown demo '{name}' (one of {', '.join(DEMOS)})")

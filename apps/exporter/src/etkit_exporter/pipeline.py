@@ -23,6 +23,7 @@ from etkit_exporter import __version__
 from etkit_exporter.artifacts import Staging, check_destination
 from etkit_exporter.diagnostics import root_cause
 from etkit_quant import snorm8, snorm16
+from etkit_quant.graph import is_grid_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +73,58 @@ def _check_arguments(
             raise TypeError(
                 f"example_inputs[{index}] must be a torch.Tensor, got {type(value).__name__}"
             )
+        check_example_tensor(value, f"example_inputs[{index}]")
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}")
     return example_inputs
+
+
+def check_example_tensor(value: torch.Tensor, what: str) -> None:
+    """Refuses a tensor an export cannot take as an example or calibration input: not a dense
+    CPU tensor, a float type other than float32, NaN or infinite values. The error names
+    ``what`` and says what to give instead."""
+    if value.device.type != "cpu" or value.layout != torch.strided:
+        raise TypeError(
+            f"{what} is a {value.device.type} tensor with layout {value.layout}; give a dense "
+            "CPU tensor (.to('cpu'), .to_dense())"
+        )
+    if value.dtype.is_floating_point and value.dtype != torch.float32:
+        raise TypeError(
+            f"{what} is {str(value.dtype).removeprefix('torch.')}; etkit exports float32 "
+            "models: convert the model and its inputs with .float()"
+        )
+    if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+        bad = int((~torch.isfinite(value)).sum())
+        raise ValueError(
+            f"{what} holds {bad} NaN or infinite values; quantization parameters and "
+            "verification need finite data: give finite values"
+        )
+
+
+def _check_forward(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    """Runs the model once on its example inputs, so that inputs of the wrong number, rank or
+    shape fail here with the model's own error rather than deep inside ``torch.export``."""
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as error:
+        shapes = ", ".join("x".join(map(str, x.shape)) or "scalar" for x in inputs)
+        raise ValueError(
+            f"the model's forward fails on the example inputs ({shapes}): {root_cause(error)}; "
+            "give inputs of the number and shapes its forward takes"
+        ) from error
+
+
+def _check_grid_samplers(program: ExportedProgram) -> None:
+    for node in program.graph.nodes:
+        image = node.args[0] if is_grid_sampler(node) else None
+        value = image.meta.get("val") if isinstance(image, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor) and value.dim() != 4:
+            raise ValueError(
+                f"{node.name} samples a {value.dim()}-D input ({'x'.join(map(str, value.shape))}):"
+                " etkit exports 2-D grid_sample only (image N x C x H x W, grid N x Ho x Wo x 2);"
+                " reshape volumes into batches of 2-D images"
+            )
 
 
 class _Stages:
@@ -132,6 +182,7 @@ def export_model(
     inputs = _check_arguments(model, example_inputs, target)
     if verify and target != "xnnpack":
         raise ValueError("verify=True runs the program on the CPU: use target='xnnpack'")
+    _check_forward(model.eval(), inputs)
     destination = check_destination(root, force)
     for note in destination.notes:
         logger.warning("%s", note)
@@ -233,6 +284,7 @@ def _run(
     with stages.stage("capture"):
         exported = torch.export.export(model, inputs, strict=True)
         num_outputs = len(exported.graph_signature.user_outputs)
+        _check_grid_samplers(exported)
     ins = (
         list(input_qspecs) if input_qspecs is not None else [default_input_qspec(x) for x in inputs]
     )
