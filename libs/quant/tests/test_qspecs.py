@@ -6,7 +6,20 @@ import pytest
 import torch
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
-from etkit_quant import FixedQParams, fixed, fixed_qparams, qformat, snorm8, snorm16, unorm8
+from etkit_quant import (
+    FixedQParams,
+    covering,
+    describe_qspec,
+    fixed,
+    fixed_qparams,
+    fixed_scale,
+    is_fixed,
+    observed_int8,
+    qformat,
+    snorm8,
+    snorm16,
+    unorm8,
+)
 
 
 @pytest.mark.parametrize(
@@ -85,3 +98,82 @@ def test_fixed_qparams_refuses_observed_qspecs() -> None:
         fixed_qparams(observed)
     with pytest.raises(TypeError, match="QuantizationSpec"):
         fixed_qparams("snorm8")  # type: ignore[arg-type]
+
+
+# -- fixed scales, covering, observed, descriptions ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("max_abs", "dtype", "scale"),
+    [
+        (1.5, torch.int16, 2 / 32767),
+        (2.0, torch.int16, 2 / 32767),  # a power of two covers itself exactly
+        (2.0000001, torch.int16, 4 / 32767),
+        (1.0, torch.int16, 1 / 32767),
+        (0.3, torch.int16, 0.5 / 32767),
+        (20, torch.int8, 32 / 127),
+        (3.9, torch.int8, 4 / 127),
+        (1000.0, torch.int32, 1024 / (2**31 - 1)),
+    ],
+)
+def test_covering_is_the_smallest_power_of_two_range(
+    max_abs: float, dtype: torch.dtype, scale: float
+) -> None:
+    qspec = covering(max_abs, dtype)
+    params = fixed_qparams(qspec)
+    assert params.scale == scale and params.zero_point == 0
+    assert params.quant_min == -params.quant_max and params.high >= max_abs
+    assert params.high / 2 < max_abs  # the smallest such power of two
+    assert qspec == fixed_scale(scale, dtype)
+
+
+def test_covering_one_is_snorm16_and_fixed_scale_ranges() -> None:
+    assert covering(1.0) == snorm16() and covering(1.0, torch.int8) == snorm8()
+    assert fixed_scale(1 / 255, torch.uint8) == unorm8()
+    assert fixed_qparams(fixed_scale(0.5, torch.int8)) == FixedQParams(
+        0.5, 0, -127, 127, torch.int8
+    )
+    params = fixed_qparams(fixed(0.5, 3, torch.int8, -10, 100))
+    assert (params.low, params.high) == (-6.5, 48.5)
+
+
+@pytest.mark.parametrize("max_abs", [0.0, -1.0, float("inf"), float("nan"), True, "2"])
+def test_covering_validates(max_abs: object) -> None:
+    with pytest.raises(ValueError, match="max_abs must be positive and finite"):
+        covering(max_abs)  # type: ignore[arg-type]
+
+
+def test_covering_needs_a_signed_dtype() -> None:
+    with pytest.raises(ValueError, match="signed dtype"):
+        covering(2.0, torch.uint8)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        fixed_scale(0.1, torch.float16)
+
+
+def test_observed_int8_is_static_and_equal_by_value() -> None:
+    qspec = observed_int8()
+    assert qspec == observed_int8() and hash(qspec) == hash(observed_int8())
+    assert (qspec.dtype, qspec.quant_min, qspec.quant_max) == (torch.int8, -127, 127)
+    assert qspec.qscheme == torch.per_tensor_affine and not qspec.is_dynamic
+    assert not is_fixed(qspec) and is_fixed(snorm8()) and not is_fixed(None)
+
+
+@pytest.mark.parametrize(
+    ("qspec", "text"),
+    [
+        (snorm8(), "SNORM8 (int8, scale 1/127)"),
+        (snorm16(), "SNORM16 (int16, scale 1/32767)"),
+        (unorm8(), "UNORM8 (uint8, scale 1/255)"),
+        (covering(1.5), "int16, fixed scale 2/32767, range [-2, 2]"),
+        (covering(20, torch.int8), "int8, fixed scale 32/127, range [-32, 32]"),
+        (qformat(7), "int8, fixed scale 2**-7, range [-0.992188, 0.992188]"),
+        (
+            fixed(0.5, 3, torch.int8, -10, 100),
+            "int8, fixed scale 0.5, zero point 3, range [-6.5, 48.5]",
+        ),
+        (observed_int8(), "int8, observed (MinMaxObserver), [-127, 127]"),
+        (None, "float"),
+    ],
+)
+def test_describe_qspec(qspec: QuantizationSpec | None, text: str) -> None:
+    assert describe_qspec(qspec) == text

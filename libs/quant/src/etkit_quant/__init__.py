@@ -1,14 +1,33 @@
 """etkit-quant: quantization for image models that a GPU reads and writes directly.
 
 - qspec presets with fixed parameters: ``snorm8``, ``snorm16``, ``unorm8``, ``qformat``, ``fixed``,
-  and ``fixed_qparams`` to read them back;
+  ``fixed_scale``, ``covering``, and ``fixed_qparams`` to read them back; ``observed_int8``;
+  ``describe_qspec``;
 - ``BoundaryQuantizer``: per-input, per-output and per-grid-sampler quantization on top of any
   PT2E quantizer;
-- ``quantize``: export, prepare, calibrate, convert;
+- ``quantize``: export, prepare, calibrate (over many samples), convert;
+- ``etkit_quant.calibration``: calibration samples checked, value ranges observed in the float
+  graph, boundary qspecs chosen from them (``default_qspecs``), saturation reported;
 - ``etkit_quant.graph``: the FX graph queries the other etkit libraries share.
 """
 
 from etkit_quant.boundary import BoundaryQuantizer, user_inputs, user_outputs
+from etkit_quant.calibration import (
+    SATURATION_THRESHOLD,
+    DefaultQSpecs,
+    ObservedRange,
+    RangeObservation,
+    Saturation,
+    boundary_fixed_qspecs,
+    check_calibration,
+    default_qspec,
+    default_qspecs,
+    grid_qspec,
+    observe_ranges,
+    saturation,
+    saturation_report,
+    value_qspec,
+)
 from etkit_quant.graph import (
     DEQUANTIZE_TARGET_NAMES,
     GRID_SAMPLER_TARGET_NAMES,
@@ -23,8 +42,13 @@ from etkit_quant.graph import (
 from etkit_quant.qspecs import (
     FixedQParams,
     FixedQParamsObserverFactory,
+    covering,
+    describe_qspec,
     fixed,
     fixed_qparams,
+    fixed_scale,
+    is_fixed,
+    observed_int8,
     qformat,
     snorm8,
     snorm16,
@@ -38,23 +62,42 @@ __all__ = [
     "DEQUANTIZE_TARGET_NAMES",
     "GRID_SAMPLER_TARGET_NAMES",
     "QUANTIZE_TARGET_NAMES",
+    "SATURATION_THRESHOLD",
     "BoundaryQuantizer",
+    "DefaultQSpecs",
     "FixedQParams",
     "FixedQParamsObserverFactory",
+    "ObservedRange",
+    "RangeObservation",
+    "Saturation",
     "__version__",
+    "boundary_fixed_qspecs",
+    "check_calibration",
+    "covering",
+    "default_qspec",
+    "default_qspecs",
+    "describe_qspec",
     "fixed",
     "fixed_qparams",
+    "fixed_scale",
     "grid_position_nodes",
+    "grid_qspec",
     "is_dequantize",
+    "is_fixed",
     "is_grid_sampler",
     "is_quantize",
+    "observe_ranges",
+    "observed_int8",
     "operator_name",
     "qformat",
     "quantize",
+    "saturation",
+    "saturation_report",
     "snorm8",
     "snorm16",
     "target_name",
     "unorm8",
     "user_inputs",
     "user_outputs",
+    "value_qspec",
 ]

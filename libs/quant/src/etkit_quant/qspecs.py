@@ -3,6 +3,9 @@
 Each preset is a torchao PT2E ``QuantizationSpec`` whose observer reports fixed parameters, so
 calibration cannot move them. Two presets made with the same arguments are equal and hash alike,
 which PT2E's ``prepare`` relies on to share one observer between the two ends of an edge.
+
+``observed_int8`` is the one preset whose parameters calibration chooses (per tensor, MinMax);
+``describe_qspec`` names any of them for reports.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
-from torchao.quantization.pt2e.observer import FixedQParamsObserver
+from torchao.quantization.pt2e.observer import FixedQParamsObserver, MinMaxObserver
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 _DTYPE_RANGES: Final[dict[torch.dtype, tuple[int, int]]] = {
@@ -67,6 +70,16 @@ class FixedQParams:
     quant_min: int
     quant_max: int
     dtype: torch.dtype
+
+    @property
+    def low(self) -> float:
+        """The smallest representable value, ``(quant_min - zero_point) * scale``."""
+        return (self.quant_min - self.zero_point) * self.scale
+
+    @property
+    def high(self) -> float:
+        """The largest representable value, ``(quant_max - zero_point) * scale``."""
+        return (self.quant_max - self.zero_point) * self.scale
 
 
 def fixed(
@@ -139,6 +152,111 @@ def qformat(frac_bits: int, bits: int = 8, signed: bool = True) -> QuantizationS
         f"a Q-format has bits=8 or 16 when signed and bits=8 when unsigned, got bits={bits!r}, "
         f"signed={signed!r}"
     )
+
+
+def _symmetric_range(dtype: torch.dtype) -> tuple[int, int]:
+    """The symmetric range of ``dtype`` (signed: without the most negative value), or ``[0,
+    max]`` for uint8."""
+    if dtype not in _DTYPE_RANGES:
+        raise ValueError(
+            f"dtype must be one of {', '.join(str(d) for d in _DTYPE_RANGES)}, got {dtype!r}"
+        )
+    low, high = _DTYPE_RANGES[dtype]
+    return (0, high) if low == 0 else (-high, high)
+
+
+def fixed_scale(scale: float, dtype: torch.dtype = torch.int16) -> QuantizationSpec:
+    """A fixed ``scale``, zero point 0, the symmetric range of ``dtype`` (int8: [-127, 127],
+    int16: [-32767, 32767], int32: [-(2**31 - 1), 2**31 - 1], uint8: [0, 255]):
+    value = q * scale. ``fixed_scale(2 / 32767)`` is an int16 grid reaching [-2, 2]."""
+    quant_min, quant_max = _symmetric_range(dtype)
+    return fixed(scale, 0, dtype, quant_min, quant_max)
+
+
+def covering(max_abs: float, dtype: torch.dtype = torch.int16) -> QuantizationSpec:
+    """The fixed symmetric qspec of a signed ``dtype`` whose range is the smallest power of two
+    ``p >= max_abs``: scale ``p / quant_max``, zero point 0, range [-p, p]. Covers every value of
+    magnitude up to ``max_abs`` (and leaves headroom up to ``p``); a power-of-two range keeps
+    the scale exact for the integer kernels. ``covering(1.5)`` is 2/32767 (int16),
+    ``covering(20, torch.int8)`` is 32/127; ``covering(1.0)`` is ``snorm16()``.
+
+    Raises ``ValueError`` for a ``max_abs`` that is not positive and finite, or a ``dtype`` that
+    is not int8, int16 or int32."""
+    if (
+        isinstance(max_abs, bool)
+        or not isinstance(max_abs, int | float)
+        or not (math.isfinite(max_abs) and max_abs > 0)
+    ):
+        raise ValueError(f"max_abs must be positive and finite, got {max_abs!r}")
+    if dtype not in (torch.int8, torch.int16, torch.int32):
+        raise ValueError(f"covering needs a signed dtype (int8, int16, int32), got {dtype!r}")
+    mantissa, exponent = math.frexp(float(max_abs))  # max_abs = mantissa * 2**exponent
+    power = 2.0 ** (exponent - 1 if mantissa == 0.5 else exponent)
+    return fixed_scale(power / _symmetric_range(dtype)[1], dtype)
+
+
+def observed_int8() -> QuantizationSpec:
+    """A static per-tensor int8 qspec whose parameters calibration chooses: a ``MinMaxObserver``
+    over every calibration sample, affine (zero point chosen too), range [-127, 127]. Its range
+    covers every calibrated value (and zero), so it never clips the calibration data. Equal and
+    hashable by value like the fixed presets."""
+    return QuantizationSpec(
+        dtype=torch.int8,
+        observer_or_fake_quant_ctr=MinMaxObserver,
+        quant_min=-127,
+        quant_max=127,
+        qscheme=torch.per_tensor_affine,
+        is_dynamic=False,
+    )
+
+
+def is_fixed(qspec: object) -> bool:
+    """True for a qspec with fixed parameters (made by ``fixed`` and the presets built on it)."""
+    return isinstance(qspec, QuantizationSpec) and isinstance(
+        qspec.observer_or_fake_quant_ctr, FixedQParamsObserverFactory
+    )
+
+
+def _fraction(scale: float, quant_max: int) -> str | None:
+    """``scale`` as ``"p/quant_max"`` when ``scale * quant_max`` is (within rounding) an integer
+    or a power of two, else ``None``."""
+    for numerator in (scale * quant_max, round(scale * quant_max)):
+        if numerator > 0 and math.isclose(scale, numerator / quant_max, rel_tol=1e-12):
+            mantissa, _ = math.frexp(numerator)
+            if mantissa == 0.5 or float(numerator).is_integer():
+                return f"{numerator:g}/{quant_max}"
+    return None
+
+
+def describe_qspec(qspec: QuantizationSpec | None) -> str:
+    """A short human description of a qspec, for reports: ``"SNORM8 (int8, scale 1/127)"``,
+    ``"int16, fixed scale 2/32767, range [-2, 2]"``, ``"int8, observed (MinMaxObserver), [-127,
+    127]"``; ``"float"`` for ``None``."""
+    if qspec is None:
+        return "float"
+    if not isinstance(qspec, QuantizationSpec):
+        raise TypeError(f"expected a torchao QuantizationSpec or None, got {type(qspec).__name__}")
+    dtype = str(qspec.dtype).removeprefix("torch.")
+    if not is_fixed(qspec):
+        ctr = qspec.observer_or_fake_quant_ctr
+        inner = getattr(ctr, "p", None)  # torchao's with_args wraps a functools.partial
+        target = getattr(inner, "func", None) or getattr(ctr, "func", None) or ctr
+        kind = "dynamic" if qspec.is_dynamic else "observed"
+        name = getattr(target, "__name__", type(target).__name__)
+        return f"{dtype}, {kind} ({name}), [{qspec.quant_min}, {qspec.quant_max}]"
+    params = fixed_qparams(qspec)
+    names = {snorm8(): "SNORM8", snorm16(): "SNORM16", unorm8(): "UNORM8"}
+    for preset, name in names.items():
+        if qspec == preset:
+            return f"{name} ({dtype}, scale {_fraction(params.scale, params.quant_max)})"
+    scale = _fraction(params.scale, params.quant_max) if params.zero_point == 0 else None
+    mantissa, exponent = math.frexp(params.scale)
+    if scale is None and mantissa == 0.5 and exponent <= -3:  # 2**-4 and finer
+        scale = f"2**{exponent - 1}"
+    text = f"{dtype}, fixed scale {scale or f'{params.scale:.6g}'}"
+    if params.zero_point:
+        text += f", zero point {params.zero_point}"
+    return f"{text}, range [{params.low:.6g}, {params.high:.6g}]"
 
 
 def fixed_qparams(qspec: QuantizationSpec) -> FixedQParams:

@@ -11,6 +11,7 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, 
 from torchao.quantization.pt2e.quantizer import Quantizer
 
 from etkit_quant.boundary import BoundaryQuantizer
+from etkit_quant.calibration import OnSample, check_calibration
 
 
 def _check_example_inputs(example_inputs: object, what: str) -> tuple[torch.Tensor, ...]:
@@ -29,15 +30,19 @@ def quantize(
     *,
     calibration: Iterable[tuple[torch.Tensor, ...]] | None = None,
     is_qat: bool = False,
+    on_sample: OnSample | None = None,
 ) -> GraphModule:
     """Exports ``model`` (strict), prepares it with ``quantizer``, runs it on each tuple of
     ``calibration`` (the example inputs when ``None``) and converts it. Returns the converted
-    graph module, with quantize/dequantize nodes.
+    graph module, with quantize/dequantize nodes. ``on_sample(done, total)`` is called after
+    each calibration sample (for a progress bar).
 
-    Raises ``TypeError`` for a model that is not a ``torch.nn.Module``, example inputs that are
-    not a tuple of tensors, or a quantizer that is not a PT2E ``Quantizer``; ``ValueError`` when a
-    ``BoundaryQuantizer``'s qspec counts do not fit the model (checked right after export, before
-    anything else runs)."""
+    Every calibration sample is checked before any work (``check_calibration``: a tuple of
+    finite tensors with the example inputs' count, shapes and dtypes; the error names the sample
+    and the input). Raises ``TypeError`` for a model that is not a ``torch.nn.Module``, example
+    inputs that are not a tuple of tensors, or a quantizer that is not a PT2E ``Quantizer``;
+    ``ValueError`` for a bad calibration sample, or when a ``BoundaryQuantizer``'s qspec counts
+    do not fit the model (checked right after export, before anything else runs)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = _check_example_inputs(example_inputs, "example_inputs")
@@ -45,6 +50,7 @@ def quantize(
         raise TypeError(
             f"quantizer must be a torchao PT2E Quantizer, got {type(quantizer).__name__}"
         )
+    samples = check_calibration(calibration, inputs)
     exported = torch.export.export(model, inputs, strict=True)
     # torch 2.13 adds a _guards_fn call_module by default, which PT2E quantizers reject.
     graph_module: Any = exported.module(check_guards=False)
@@ -54,9 +60,10 @@ def quantize(
         quantizer.check_counts(num_inputs, num_outputs)
     prepare = prepare_qat_pt2e if is_qat else prepare_pt2e
     prepared = prepare(graph_module, quantizer)
-    batches = [inputs] if calibration is None else calibration
     with torch.no_grad():
-        for k, batch in enumerate(batches):
-            prepared(*_check_example_inputs(batch, f"calibration[{k}]"))
+        for done, sample in enumerate(samples, start=1):
+            prepared(*sample)
+            if on_sample is not None:
+                on_sample(done, len(samples))
     converted: GraphModule = convert_pt2e(prepared)
     return converted
