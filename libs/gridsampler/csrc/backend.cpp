@@ -1,9 +1,13 @@
-// The grid-sampler backend inside the ExecuTorch runtime: validates the delegate blob at init and
-// runs the CPU kernel at execute, honouring each tensor's dim order through its strides.
+// The grid-sampler backend inside the ExecuTorch runtime: validates the delegate blob at init, and at
+// execute takes the image and the grid from the arguments the blob names, checks their dtypes and
+// shapes against it, and runs the CPU kernel, honouring each tensor's dim order through its strides.
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/core/error.h>
 #include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
 #include <executorch/runtime/platform/log.h>
+
+#include <cstdio>
 
 #include "delegate_format.h"
 #include "grid_sample.h"
@@ -38,8 +42,63 @@ View4<T> view_of(const Tensor& tensor, T* data) {
   return view;
 }
 
-bool has_shape(const Tensor& tensor, const int32_t (&shape)[4]) {
-  if (tensor.dim() != 4) {
+struct Handle {
+  DelegateBlob blob;
+  QuantizedPlan plan;
+};
+
+QuantParams quant_params(const QParamsRecord& record) {
+  return {record.scale, record.zero_point, record.quant_min, record.quant_max};
+}
+
+// The plan of a quantized blob (nothing for a float one), or why the runtime refuses it. The
+// blob's rules already fixed the dtypes (int8 image, int16 or int8 grid, int8 or float output).
+const char* plan_of(const DelegateBlob& blob, QuantizedPlan* plan) {
+  if (!blob.image.present) {
+    return nullptr;
+  }
+  return plan_quantized(blob.params, quant_params(blob.image), quant_params(blob.grid),
+                        blob.grid.dtype == DType::kInt16 ? GridType::kInt16 : GridType::kInt8,
+                        !blob.output.present, quant_params(blob.output), blob.image_shape[2],
+                        blob.image_shape[3], plan);
+}
+
+ScalarType scalar_type_of(const QParamsRecord& record) {
+  if (!record.present) {
+    return ScalarType::Float;
+  }
+  return record.dtype == DType::kInt16 ? ScalarType::Short : ScalarType::Char;
+}
+
+const char* dtype_name(ScalarType type) {
+  switch (type) {
+    case ScalarType::Float:
+      return "float32";
+    case ScalarType::Char:
+      return "int8";
+    case ScalarType::Short:
+      return "int16";
+    case ScalarType::Byte:
+      return "uint8";
+    default:
+      return executorch::runtime::toString(type);
+  }
+}
+
+// "[1, 4, 8, 8]" into `text`, for any rank.
+void shape_text(const Tensor& tensor, char* text, size_t size) {
+  size_t used = static_cast<size_t>(std::snprintf(text, size, "["));
+  for (ssize_t i = 0; i < tensor.dim() && used < size; ++i) {
+    used += static_cast<size_t>(std::snprintf(text + used, size - used, i ? ", %lld" : "%lld",
+                                              static_cast<long long>(tensor.size(i))));
+  }
+  if (used < size) {
+    std::snprintf(text + used, size - used, "]");
+  }
+}
+
+bool matches(const Tensor& tensor, ScalarType type, const int32_t (&shape)[4]) {
+  if (tensor.scalar_type() != type || tensor.dim() != 4) {
     return false;
   }
   for (int i = 0; i < 4; ++i) {
@@ -50,31 +109,14 @@ bool has_shape(const Tensor& tensor, const int32_t (&shape)[4]) {
   return true;
 }
 
-struct Handle {
-  DelegateBlob blob;
-  QuantizedPlan plan;
-};
-
-QuantParams quant_params(const QParamsRecord& record) {
-  return {record.scale, record.zero_point, record.quant_min, record.quant_max};
-}
-
-// The plan of a quantized blob (nothing for a float one), or why the runtime refuses it.
-const char* plan_of(const DelegateBlob& blob, QuantizedPlan* plan) {
-  const bool any = blob.image.present || blob.grid.present || blob.output.present;
-  if (!any) {
-    return nullptr;
-  }
-  if (!blob.image.present || blob.image.dtype != DType::kInt8 || !blob.grid.present ||
-      (blob.grid.dtype != DType::kInt16 && blob.grid.dtype != DType::kInt8) ||
-      (blob.output.present && blob.output.dtype != DType::kInt8)) {
-    return "grid-sampler delegate: unsupported quantization (needs an int8 image, an int16 or "
-           "int8 grid, an int8 or float output)";
-  }
-  return plan_quantized(blob.params, quant_params(blob.image), quant_params(blob.grid),
-                        blob.grid.dtype == DType::kInt16 ? GridType::kInt16 : GridType::kInt8,
-                        !blob.output.present, quant_params(blob.output), blob.image_shape[2],
-                        blob.image_shape[3], plan);
+// One log line per role, so that a swap shows as two lines that mirror each other.
+void log_role(const char* role, size_t index, const Tensor& tensor, ScalarType type,
+              const int32_t (&shape)[4]) {
+  char actual[96];
+  shape_text(tensor, actual, sizeof actual);
+  ET_LOG(Error, "grid-sampler delegate: %s (argument %zu): expected %s [%d, %d, %d, %d], got %s %s",
+         role, index, dtype_name(type), shape[0], shape[1], shape[2], shape[3],
+         dtype_name(tensor.scalar_type()), actual);
 }
 
 template <typename GridT>
@@ -113,41 +155,50 @@ class GridSamplerBackend final : public BackendInterface {
   Error execute(BackendExecutionContext& /*context*/, DelegateHandle* raw_handle,
                 Span<EValue*> args) const override {
     const auto* handle = static_cast<const Handle*>(raw_handle);
-    if (args.size() != 3 || !args[0]->isTensor() || !args[1]->isTensor() || !args[2]->isTensor()) {
-      ET_LOG(Error, "grid-sampler delegate: expected image, grid and output tensors");
-      return Error::InvalidArgument;
-    }
-    const Tensor& image = args[0]->toTensor();
-    const Tensor& grid = args[1]->toTensor();
-    const Tensor& output = args[2]->toTensor();
-    if (!has_shape(image, handle->blob.image_shape) || !has_shape(grid, handle->blob.grid_shape) ||
-        output.dim() != 4 || output.size(0) != image.size(0) || output.size(1) != image.size(1) ||
-        output.size(2) != grid.size(1) || output.size(3) != grid.size(2)) {
-      ET_LOG(Error, "grid-sampler delegate: tensor shapes differ from the ones it was built for");
-      return Error::InvalidArgument;
-    }
     const DelegateBlob& blob = handle->blob;
+    const size_t inputs = blob.input_count;
+    bool all_tensors = args.size() == inputs + 1;
+    for (size_t i = 0; all_tensors && i < args.size(); ++i) {
+      all_tensors = args[i]->isTensor();
+    }
+    if (!all_tensors) {
+      ET_LOG(Error,
+             "grid-sampler delegate: expected %zu input tensor(s) and an output tensor, got %zu "
+             "arguments; export the program again",
+             inputs, args.size());
+      return Error::InvalidArgument;
+    }
+    // The blob says which argument is which; the partition's signature, not the grid sampler's
+    // argument order, fixed the order of `args`.
+    const Tensor& image = args[blob.image_index]->toTensor();
+    const Tensor& grid = args[blob.grid_index]->toTensor();
+    const Tensor& output = args[inputs]->toTensor();
+    const ScalarType image_type = scalar_type_of(blob.image);
+    const ScalarType grid_type = scalar_type_of(blob.grid);
+    if (!matches(image, image_type, blob.image_shape) ||
+        !matches(grid, grid_type, blob.grid_shape)) {
+      log_role("image", blob.image_index, image, image_type, blob.image_shape);
+      log_role("grid", blob.grid_index, grid, grid_type, blob.grid_shape);
+      ET_LOG(Error,
+             "grid-sampler delegate: its arguments differ from the image and grid it was built "
+             "for; export the program again");
+      return Error::InvalidArgument;
+    }
+    const int32_t output_shape[4] = {blob.image_shape[0], blob.image_shape[1],
+                                     blob.grid_shape[1], blob.grid_shape[2]};
+    const ScalarType output_type = scalar_type_of(blob.output);
+    if (!matches(output, output_type, output_shape)) {
+      log_role("output", inputs, output, output_type, output_shape);
+      return Error::InvalidArgument;
+    }
     if (!blob.image.present) {
-      if (image.scalar_type() != ScalarType::Float || grid.scalar_type() != ScalarType::Float ||
-          output.scalar_type() != ScalarType::Float) {
-        ET_LOG(Error, "grid-sampler delegate: expected float32 tensors");
-        return Error::InvalidArgument;
-      }
       grid_sample_f32(view_of(image, image.const_data_ptr<float>()),
                       view_of(grid, grid.const_data_ptr<float>()),
                       view_of(output, output.mutable_data_ptr<float>()), blob.params);
       return Error::Ok;
     }
-    const bool grid_int16 = blob.grid.dtype == DType::kInt16;
-    const ScalarType grid_type = grid_int16 ? ScalarType::Short : ScalarType::Char;
-    const ScalarType output_type = blob.output.present ? ScalarType::Char : ScalarType::Float;
-    if (image.scalar_type() != ScalarType::Char || grid.scalar_type() != grid_type ||
-        output.scalar_type() != output_type) {
-      ET_LOG(Error, "grid-sampler delegate: tensor dtypes differ from the ones it was built for");
-      return Error::InvalidArgument;
-    }
     const auto image_view = view_of(image, image.const_data_ptr<int8_t>());
-    if (grid_int16) {
+    if (grid_type == ScalarType::Short) {
       run(image_view, view_of(grid, grid.const_data_ptr<int16_t>()), output, handle->plan);
     } else {
       run(image_view, view_of(grid, grid.const_data_ptr<int8_t>()), output, handle->plan);

@@ -1,12 +1,41 @@
 #include "delegate_format.h"
 
 #include <cmath>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 
 namespace etkit::gridsampler {
 namespace {
 
-// CRC-32 (IEEE 802.3, the polynomial of zlib.crc32), bitwise: the blob is 120 bytes.
+constexpr size_t kCrcOffset = kBlobSize - 4;
+constexpr int64_t kMaxDimension = int64_t{1} << 24;
+constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;
+constexpr double kMinScale = 1e-12;
+constexpr double kMaxScale = 1e12;
+constexpr size_t kRecordSize = 24;
+constexpr size_t kImageRecord = 16, kGridRecord = 40, kOutputRecord = 64;
+constexpr size_t kImageShape = 88, kGridShape = 104;
+
+// The messages carry the values read, so they are formatted; each thread keeps its last one for
+// the caller to log or copy (init logs it at once; the C API's caller copies it).
+thread_local char message[320];
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+bool fail(const char** error, const char* format, ...) {
+  constexpr char kPrefix[] = "grid-sampler delegate blob: ";
+  std::memcpy(message, kPrefix, sizeof kPrefix);
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(message + sizeof kPrefix - 1, sizeof message - (sizeof kPrefix - 1), format, args);
+  va_end(args);
+  *error = message;
+  return false;
+}
+
+// CRC-32 (IEEE 802.3, the polynomial of zlib.crc32), bitwise: the blob is 124 bytes.
 uint32_t crc32(const uint8_t* data, size_t size) {
   uint32_t crc = 0xFFFFFFFFu;
   for (size_t i = 0; i < size; ++i) {
@@ -25,72 +54,227 @@ T read(const uint8_t* data, size_t offset) {
   return value;
 }
 
-bool read_qparams(const uint8_t* data, size_t offset, QParamsRecord* out, const char** error) {
-  out->present = data[offset] != 0;
-  const uint8_t dtype = data[offset + 1];
-  if (data[offset] > 1 || dtype > static_cast<uint8_t>(DType::kUInt8)) {
-    *error = "grid-sampler delegate blob: invalid quantization record";
-    return false;
+struct DTypeRange {
+  const char* name;
+  int32_t low, high;
+};
+
+DTypeRange range_of(DType dtype) {
+  return dtype == DType::kInt8 ? DTypeRange{"int8", -128, 127} : DTypeRange{"int16", -32768, 32767};
+}
+
+// Rules 17a to 17k for the record of `role` at `offset`.
+bool read_record(const uint8_t* data, size_t offset, const char* role, QParamsRecord* out,
+                 const char** error) {
+  const uint8_t present = data[offset];
+  if (present > 1) {
+    return fail(error,
+                "%s quantization record: present flag %u, must be 0 (float32) or 1 (quantized)",
+                role, present);
   }
+  if (present == 0) {
+    for (size_t i = 1; i < kRecordSize; ++i) {
+      if (data[offset + i] != 0) {
+        return fail(error, "%s quantization record: absent (float32) but not all zero", role);
+      }
+    }
+    *out = {false, DType::kFloat32, 0, 0, 0, 0.0};
+    return true;
+  }
+  const uint8_t dtype = data[offset + 1];
+  const bool is_grid = std::strcmp(role, "grid") == 0;
+  if (dtype != 1 && !(is_grid && dtype == 2)) {
+    return fail(error, "%s quantization record: dtype code %u, must be %s", role, dtype,
+                is_grid ? "1 (int8) or 2 (int16)" : "1 (int8)");
+  }
+  if (data[offset + 2] != 0 || data[offset + 3] != 0) {
+    return fail(error, "%s quantization record: reserved bytes are not zero", role);
+  }
+  out->present = true;
   out->dtype = static_cast<DType>(dtype);
   out->zero_point = read<int32_t>(data, offset + 4);
   out->quant_min = read<int32_t>(data, offset + 8);
   out->quant_max = read<int32_t>(data, offset + 12);
   out->scale = read<double>(data, offset + 16);
-  if (out->present &&
-      (!(out->scale > 0.0) || !std::isfinite(out->scale) || out->quant_min > out->quant_max ||
-       out->zero_point < out->quant_min || out->zero_point > out->quant_max)) {
-    *error = "grid-sampler delegate blob: invalid scale, zero point or range";
-    return false;
+  const DTypeRange range = range_of(out->dtype);
+  if (out->quant_min < range.low || out->quant_min > range.high) {
+    return fail(error, "%s quantization record: quant_min %d outside %s's range [%d, %d]", role,
+                out->quant_min, range.name, range.low, range.high);
+  }
+  if (out->quant_max < range.low || out->quant_max > range.high) {
+    return fail(error, "%s quantization record: quant_max %d outside %s's range [%d, %d]", role,
+                out->quant_max, range.name, range.low, range.high);
+  }
+  if (out->quant_min > out->quant_max) {
+    return fail(error, "%s quantization record: quant_min %d greater than quant_max %d", role,
+                out->quant_min, out->quant_max);
+  }
+  if (out->zero_point < out->quant_min || out->zero_point > out->quant_max) {
+    return fail(error,
+                "%s quantization record: zero point %d outside [quant_min, quant_max] = [%d, %d]",
+                role, out->zero_point, out->quant_min, out->quant_max);
+  }
+  if (!std::isfinite(out->scale)) {
+    return fail(error, "%s quantization record: scale is not finite", role);
+  }
+  if (!(out->scale >= kMinScale && out->scale <= kMaxScale)) {
+    return fail(error, "%s quantization record: scale %g outside [1e-12, 1e+12]", role,
+                out->scale);
+  }
+  if (static_cast<double>(static_cast<float>(out->scale)) != out->scale) {
+    return fail(error, "%s quantization record: scale %.17g is not a float32 value", role,
+                out->scale);
   }
   return true;
 }
+
+bool elements_exceed(const int64_t (&shape)[4]) {
+  int64_t count = 1;
+  for (int64_t dimension : shape) {
+    count *= dimension;  // each dimension <= 2^24 and count <= 2^31 before: no overflow
+    if (count > kMaxElements) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool dimensions_in_range(const int32_t (&shape)[4]) {
+  for (int32_t dimension : shape) {
+    if (dimension < 1 || dimension > kMaxDimension) {
+      return false;
+    }
+  }
+  return true;
+}
+
+#define ETKIT_SHAPE_FORMAT "[%d, %d, %d, %d]"
+#define ETKIT_SHAPE_ARGS(s) (s)[0], (s)[1], (s)[2], (s)[3]
 
 }  // namespace
 
 bool parse_delegate_blob(const void* data_in, size_t size, DelegateBlob* out, const char** error) {
   const auto* data = static_cast<const uint8_t*>(data_in);
-  if (data == nullptr || size < 8) {
-    *error = "grid-sampler delegate blob: truncated (shorter than its header)";
+  if (data == nullptr || size < 8) {  // rule 1
+    return fail(error, "truncated: %zu bytes, shorter than the 8-byte header",
+                data == nullptr ? size_t{0} : size);
+  }
+  if (read<uint32_t>(data, 0) != kBlobMagic) {  // rule 2
+    return fail(error, "bad magic: not an etkit grid-sampler blob");
+  }
+  const unsigned version = read<uint16_t>(data, 4);
+  if (version > kBlobVersion) {  // rule 3
+    return fail(error,
+                "format version %u is newer than this reader's %u: update etkit-gridsampler",
+                version, unsigned{kBlobVersion});
+  }
+  if (version < kBlobVersion) {  // rule 4
+    return fail(error,
+                "format version %u is no longer read (it did not record which argument is the "
+                "image): export the program again with this etkit-gridsampler",
+                version);
+  }
+  const unsigned size_field = read<uint16_t>(data, 6);
+  if (size_field != kBlobSize) {  // rule 5
+    return fail(error, "size field %u, expected %zu for format version 2", size_field, kBlobSize);
+  }
+  if (size < kBlobSize) {  // rule 6
+    return fail(error, "truncated: %zu bytes, expected %zu", size, kBlobSize);
+  }
+  if (size > kBlobSize) {
+    return fail(error, "%zu bytes, expected %zu (extra bytes after the blob)", size, kBlobSize);
+  }
+  if (crc32(data, kCrcOffset) != read<uint32_t>(data, kCrcOffset)) {  // rule 7
+    return fail(error, "checksum mismatch: the blob is corrupt");
+  }
+  const unsigned mode = data[8], padding = data[9], align = data[10];
+  if (mode > 1) {  // rule 8
+    return fail(error, "mode code %u, must be 0 (bilinear) or 1 (nearest)", mode);
+  }
+  if (padding > 2) {  // rule 9
+    return fail(error, "padding code %u, must be 0 (zeros), 1 (border) or 2 (reflection)",
+                padding);
+  }
+  if (align > 1) {  // rule 10
+    return fail(error, "align_corners %u, must be 0 or 1", align);
+  }
+  if (data[11] != 0) {  // rule 11
+    return fail(error, "reserved byte 11 is %u, must be 0", unsigned{data[11]});
+  }
+  const unsigned inputs = data[12], image_index = data[13], grid_index = data[14];
+  if (inputs < 1 || inputs > 2) {  // rule 12
+    return fail(error, "input count %u, must be 1 (image and grid are one tensor) or 2", inputs);
+  }
+  if (image_index >= inputs) {  // rule 13
+    return fail(error, "image argument index %u, must be below the input count %u", image_index,
+                inputs);
+  }
+  if (grid_index >= inputs) {  // rule 14
+    return fail(error, "grid argument index %u, must be below the input count %u", grid_index,
+                inputs);
+  }
+  if (inputs == 2 && image_index == grid_index) {  // rule 15
+    return fail(error,
+                "image and grid argument indices are both %u; with 2 inputs they must differ",
+                image_index);
+  }
+  if (data[15] != 0) {  // rule 16
+    return fail(error, "reserved byte 15 is %u, must be 0", unsigned{data[15]});
+  }
+  out->params = {static_cast<Mode>(mode), static_cast<Padding>(padding), align != 0};
+  out->input_count = static_cast<uint8_t>(inputs);
+  out->image_index = static_cast<uint8_t>(image_index);
+  out->grid_index = static_cast<uint8_t>(grid_index);
+  if (!read_record(data, kImageRecord, "image", &out->image, error) ||  // rule 17
+      !read_record(data, kGridRecord, "grid", &out->grid, error) ||
+      !read_record(data, kOutputRecord, "output", &out->output, error)) {
     return false;
   }
-  if (read<uint32_t>(data, 0) != kBlobMagic) {
-    *error = "grid-sampler delegate blob: bad magic (not an etkit grid-sampler blob)";
-    return false;
+  if (out->image.present != out->grid.present) {  // rule 18
+    return fail(error, "image and grid must both be quantized or both float32");
   }
-  const uint16_t version = read<uint16_t>(data, 4);
-  if (version > kBlobVersion) {
-    *error = "grid-sampler delegate blob: format version newer than this runtime; update etkit-gridsampler";
-    return false;
+  if (out->output.present && !out->image.present) {  // rule 19
+    return fail(error, "a quantized output needs a quantized image and grid");
   }
-  if (version != kBlobVersion || read<uint16_t>(data, 6) != kBlobSize || size < kBlobSize) {
-    *error = "grid-sampler delegate blob: truncated or unknown layout";
-    return false;
-  }
-  if (crc32(data, kBlobSize - 4) != read<uint32_t>(data, kBlobSize - 4)) {
-    *error = "grid-sampler delegate blob: checksum mismatch (corrupt)";
-    return false;
-  }
-  if (data[8] > 1 || data[9] > 2 || data[10] > 1) {
-    *error = "grid-sampler delegate blob: invalid mode, padding or align_corners";
-    return false;
-  }
-  out->params = {static_cast<Mode>(data[8]), static_cast<Padding>(data[9]), data[10] != 0};
-  if (!read_qparams(data, 12, &out->image, error) || !read_qparams(data, 36, &out->grid, error) ||
-      !read_qparams(data, 60, &out->output, error)) {
-    return false;
-  }
+  int32_t* image = out->image_shape;
+  int32_t* grid = out->grid_shape;
   for (int i = 0; i < 4; ++i) {
-    out->image_shape[i] = read<int32_t>(data, 84 + 4 * i);
-    out->grid_shape[i] = read<int32_t>(data, 100 + 4 * i);
-    if (out->image_shape[i] < 1 || out->grid_shape[i] < 1) {
-      *error = "grid-sampler delegate blob: non-positive shape";
-      return false;
-    }
+    image[i] = read<int32_t>(data, kImageShape + 4 * i);
+    grid[i] = read<int32_t>(data, kGridShape + 4 * i);
   }
-  if (out->grid_shape[3] != 2 || out->grid_shape[0] != out->image_shape[0]) {
-    *error = "grid-sampler delegate blob: grid shape must be N x Ho x Wo x 2 with the image's N";
-    return false;
+  if (!dimensions_in_range(out->image_shape)) {  // rule 20
+    return fail(error, "image shape " ETKIT_SHAPE_FORMAT ": every dimension must be in [1, %lld]",
+                ETKIT_SHAPE_ARGS(image), static_cast<long long>(kMaxDimension));
+  }
+  if (elements_exceed({image[0], image[1], image[2], image[3]})) {  // rule 21
+    return fail(error, "image shape " ETKIT_SHAPE_FORMAT ": more than %lld elements",
+                ETKIT_SHAPE_ARGS(image), static_cast<long long>(kMaxElements));
+  }
+  if (!dimensions_in_range(out->grid_shape)) {  // rule 22
+    return fail(error, "grid shape " ETKIT_SHAPE_FORMAT ": every dimension must be in [1, %lld]",
+                ETKIT_SHAPE_ARGS(grid), static_cast<long long>(kMaxDimension));
+  }
+  if (grid[3] != 2) {  // rule 23
+    return fail(error, "grid shape " ETKIT_SHAPE_FORMAT ": last dimension must be 2",
+                ETKIT_SHAPE_ARGS(grid));
+  }
+  if (elements_exceed({grid[0], grid[1], grid[2], grid[3]})) {  // rule 24
+    return fail(error, "grid shape " ETKIT_SHAPE_FORMAT ": more than %lld elements",
+                ETKIT_SHAPE_ARGS(grid), static_cast<long long>(kMaxElements));
+  }
+  if (grid[0] != image[0]) {  // rule 25
+    return fail(error, "grid N %d differs from the image's N %d", grid[0], image[0]);
+  }
+  const int32_t output[4] = {image[0], image[1], grid[1], grid[2]};
+  if (elements_exceed({output[0], output[1], output[2], output[3]})) {  // rule 26
+    return fail(error, "output shape " ETKIT_SHAPE_FORMAT ": more than %lld elements",
+                ETKIT_SHAPE_ARGS(output), static_cast<long long>(kMaxElements));
+  }
+  if (inputs == 1 &&
+      (out->image.dtype != out->grid.dtype || std::memcmp(image, grid, sizeof(int32_t) * 4) != 0)) {
+    return fail(error,  // rule 27
+                "image and grid are one tensor (input count 1) but the blob gives them different "
+                "dtypes or shapes");
   }
   return true;
 }

@@ -27,8 +27,10 @@ struct View4 {
   }
 };
 
-// Float32 grid sampling with PyTorch's semantics (torch.nn.functional.grid_sample).
-// image: N x C x H x W, grid: N x Ho x Wo x 2 (x, y), output: N x C x Ho x Wo.
+// Float32 grid sampling as torch.nn.functional.grid_sample computes it on the CPU: PyTorch's
+// float32 operations in PyTorch's order (grid_sample.cpp), so NaN, infinite and huge grid values
+// and NaN or infinite pixels give what PyTorch gives (bit for bit against its AVX2/AVX-512 kernel).
+// image: N x C x H x W, grid: N x Ho x Wo x 2 (x, y), output: N x C x Ho x Wo; sizes at least 1.
 void grid_sample_f32(const View4<const float>& image, const View4<const float>& grid,
                      const View4<float>& output, const SampleParams& params);
 

@@ -18,6 +18,31 @@ etkit::gridsampler::View4<T> make_view(T* data, const int64_t* sizes, const int6
   return view;
 }
 
+// Why the operands cannot be sampled, or nullptr: what the C API can check without knowing how
+// much memory the pointers hold.
+const char* invalid_operands(const void* image, const int64_t* image_sizes,
+                             const int64_t* image_strides, const void* grid,
+                             const int64_t* grid_sizes, const int64_t* grid_strides,
+                             const void* output, const int64_t* output_strides) {
+  if (image == nullptr || image_sizes == nullptr || image_strides == nullptr ||
+      grid == nullptr || grid_sizes == nullptr || grid_strides == nullptr || output == nullptr ||
+      output_strides == nullptr) {
+    return "a tensor, size or stride pointer is null";
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (image_sizes[i] < 1 || grid_sizes[i] < 1) {
+      return "every size of the image and the grid must be at least 1";
+    }
+    if (image_strides[i] < 0 || grid_strides[i] < 0 || output_strides[i] < 0) {
+      return "strides must not be negative";
+    }
+  }
+  if (grid_sizes[3] != 2 || grid_sizes[0] != image_sizes[0]) {
+    return "grid must be N x Ho x Wo x 2 with the image's N";
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 extern "C" int etkit_gridsampler_grid_sample_f32(
@@ -25,8 +50,9 @@ extern "C" int etkit_gridsampler_grid_sample_f32(
     const float* grid, const int64_t* grid_sizes, const int64_t* grid_strides, float* output,
     const int64_t* output_strides, int mode, int padding, int align_corners) {
   using namespace etkit::gridsampler;
-  if (mode < 0 || mode > 1 || padding < 0 || padding > 2 || grid_sizes[3] != 2 ||
-      grid_sizes[0] != image_sizes[0]) {
+  if (mode < 0 || mode > 1 || padding < 0 || padding > 2 ||
+      invalid_operands(image, image_sizes, image_strides, grid, grid_sizes, grid_strides, output,
+                       output_strides) != nullptr) {
     return 1;
   }
   const int64_t output_sizes[4] = {image_sizes[0], image_sizes[1], grid_sizes[1], grid_sizes[2]};
@@ -93,12 +119,14 @@ extern "C" int etkit_gridsampler_grid_sample_q(
     const EtkitQParams* image_q, const EtkitQParams* grid_q, const EtkitQParams* output_q,
     int num_threads, int isa, const char** error) {
   using etkit::gridsampler::Isa;
+  const char* unread = nullptr;
+  error = error != nullptr ? error : &unread;
   if (isa < 0 || isa > 3 || !etkit::gridsampler::cpu_supports(static_cast<Isa>(isa))) {
     *error = "this CPU does not support the requested instruction set";
     return 1;
   }
-  if (grid_sizes[3] != 2 || grid_sizes[0] != image_sizes[0]) {
-    *error = "grid must be N x Ho x Wo x 2 with the image's N";
+  if ((*error = invalid_operands(image, image_sizes, image_strides, grid, grid_sizes,
+                                 grid_strides, output, output_strides)) != nullptr) {
     return 1;
   }
   QuantizedPlan plan;
@@ -116,6 +144,10 @@ extern "C" int etkit_gridsampler_grid_sample_q(
   return 0;
 }
 
+extern "C" int etkit_gridsampler_default_num_threads() {
+  return etkit::gridsampler::default_num_threads();
+}
+
 extern "C" int etkit_gridsampler_best_isa() {
   return static_cast<int>(etkit::gridsampler::best_isa());
 }
@@ -125,6 +157,12 @@ extern "C" int etkit_gridsampler_plan(int mode, int padding, int align_corners,
                                       int grid_is_int8, const EtkitQParams* output_q,
                                       int64_t height, int64_t width, int64_t* values,
                                       float* float_output_scale, const char** error) {
+  const char* unread = nullptr;
+  error = error != nullptr ? error : &unread;
+  if (values == nullptr || float_output_scale == nullptr) {
+    *error = "plan and float_output_scale must not be null";
+    return 1;
+  }
   QuantizedPlan plan;
   if ((*error = make_plan(mode, padding, align_corners, image_q, grid_q, grid_is_int8, output_q,
                           height, width, &plan)) != nullptr) {
@@ -145,6 +183,8 @@ extern "C" int etkit_gridsampler_plan(int mode, int padding, int align_corners,
 
 extern "C" int etkit_gridsampler_validate_blob(const void* data, uint64_t size,
                                                 const char** error) {
+  const char* unread = nullptr;
+  error = error != nullptr ? error : &unread;
   etkit::gridsampler::DelegateBlob blob;
   return etkit::gridsampler::parse_delegate_blob(data, size, &blob, error) ? 0 : 1;
 }

@@ -12,7 +12,9 @@ extern "C" {
 int etkit_gridsampler_register_backend();
 
 // Float32 grid sampling on strided 4-D tensors. Sizes and strides are in elements; the output
-// must be N x C x Ho x Wo. Returns 0 on success, 1 for invalid arguments.
+// must be N x C x Ho x Wo. Returns 0 on success, 1 for invalid arguments (a null pointer, a size
+// below 1, a grid that is not N x Ho x Wo x 2 with the image's N, a mode or padding code out of
+// range); it cannot check that the pointers hold that many elements: the caller does.
 int etkit_gridsampler_grid_sample_f32(const float* image, const int64_t* image_sizes,
                                       const int64_t* image_strides, const float* grid,
                                       const int64_t* grid_sizes, const int64_t* grid_strides,
@@ -29,7 +31,8 @@ typedef struct {
 
 // The integer grid sampler (docs/contract.md): int8 image, int16 (grid_is_int8 = 0) or int8
 // grid, int8 output (output_q) or float32 output (output_q = NULL). Returns 0, or 1 with *error
-// saying why the configuration is outside the contract. `isa` caps the instruction set (see
+// saying why the arguments are invalid (as for the float32 entry) or the configuration is outside
+// the contract. `isa` caps the instruction set (see
 // etkit_gridsampler_best_isa); one this CPU lacks is an error.
 int etkit_gridsampler_grid_sample_q(const int8_t* image, const int64_t* image_sizes,
                                     const int64_t* image_strides, const void* grid,
@@ -39,6 +42,10 @@ int etkit_gridsampler_grid_sample_q(const int8_t* image, const int64_t* image_si
                                     int align_corners, const EtkitQParams* image_q,
                                     const EtkitQParams* grid_q, const EtkitQParams* output_q,
                                     int num_threads, int isa, const char** error);
+
+// The number of threads the integer kernel uses when num_threads is 0: the CPUs in the process's
+// affinity mask, capped by its cgroup's CPU quota, at least 1.
+int etkit_gridsampler_default_num_threads();
 
 // The instruction sets of the integer CPU kernel: 0 = auto (the best this CPU has), 1 = scalar,
 // 2 = AVX2, 3 = AVX-512 (F, BW, DQ, VL, VBMI, VNNI). All compute the same bits. Returns the

@@ -7,8 +7,14 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 namespace etkit::gridsampler {
 namespace {
@@ -152,16 +158,127 @@ void grid_sample_quantized(const View4<const int8_t>& image, const View4<const G
   grid_sample_quantized_scalar(image, grid, output, plan, row_begin, row_end);
 }
 
+namespace {
+
+// The CPUs in the calling thread's affinity mask, which is the process's unless a thread changed
+// its own (0 where it cannot be read).
+int affinity_cpu_count() {
+#if defined(__linux__)
+  // A set large enough for the machine: sched_getaffinity fails with EINVAL while it is too small.
+  for (int cpus = CPU_SETSIZE; cpus <= (1 << 20); cpus *= 2) {
+    cpu_set_t* set = CPU_ALLOC(cpus);
+    if (set == nullptr) {
+      return 0;
+    }
+    const size_t bytes = CPU_ALLOC_SIZE(cpus);
+    CPU_ZERO_S(bytes, set);
+    const bool read = sched_getaffinity(0, bytes, set) == 0;
+    const int count = read ? CPU_COUNT_S(bytes, set) : 0;
+    CPU_FREE(set);
+    if (read) {
+      return count;
+    }
+  }
+#endif
+  return 0;
+}
+
+// CPUs' worth of time a cgroup file grants: "quota period" (cgroup v2 cpu.max) or a quota file
+// and a period file (v1); 0 for no limit or no file.
+int cpu_quota(const std::string& max_file, const std::string& quota_file,
+              const std::string& period_file) {
+  long long quota = -1, period = 0;
+  if (!max_file.empty()) {
+    std::ifstream in(max_file);
+    std::string first;
+    if (!(in >> first >> period) || first == "max") {
+      return 0;
+    }
+    quota = std::atoll(first.c_str());
+  } else {
+    std::ifstream quota_in(quota_file), period_in(period_file);
+    if (!(quota_in >> quota) || !(period_in >> period)) {
+      return 0;
+    }
+  }
+  if (quota <= 0 || period <= 0) {
+    return 0;
+  }
+  return static_cast<int>(std::min<long long>((quota + period - 1) / period, 1 << 20));
+}
+
+// The CPU quota of this process's cgroup and of its ancestors (the smallest), 0 for none.
+int cgroup_cpu_limit() {
+#if defined(__linux__)
+  int limit = 0;
+  const auto take = [&limit](int quota) {
+    if (quota > 0 && (limit == 0 || quota < limit)) {
+      limit = quota;
+    }
+  };
+  std::ifstream cgroups("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cgroups, line)) {
+    // "hierarchy:controllers:path"; v2 is "0::path"
+    const size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) {
+      continue;
+    }
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    std::string path = line.substr(second + 1);
+    const bool v2 = line.compare(0, first, "0") == 0 && controllers.empty();
+    const bool v1 = controllers == "cpu" || controllers.find("cpu,") == 0 ||
+                    controllers.find(",cpu,") != std::string::npos ||
+                    (controllers.size() > 4 &&
+                     controllers.compare(controllers.size() - 4, 4, ",cpu") == 0);
+    if (!v2 && !v1) {
+      continue;
+    }
+    const std::string root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/" + controllers;
+    // From the process's own cgroup up to the root of the mounted hierarchy (in a container
+    // whose cgroup namespace hides the path, the mount's root is the container's cgroup).
+    for (;;) {
+      const std::string dir = root + (path == "/" ? "" : path);
+      take(v2 ? cpu_quota(dir + "/cpu.max", "", "")
+              : cpu_quota("", dir + "/cpu.cfs_quota_us", dir + "/cpu.cfs_period_us"));
+      if (path.empty() || path == "/") {
+        break;
+      }
+      const size_t slash = path.rfind('/');
+      path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+    }
+  }
+  return limit;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace
+
+int default_num_threads() {
+  int threads = affinity_cpu_count();
+  if (threads <= 0) {
+    threads = static_cast<int>(std::thread::hardware_concurrency());
+  }
+  // The quota is read once: it rarely changes, and the files cost more than the affinity call.
+  static const int quota = cgroup_cpu_limit();
+  if (quota > 0) {
+    threads = std::min(threads, quota);
+  }
+  return std::max(threads, 1);
+}
+
 template <typename GridT, typename OutT>
 void grid_sample_quantized_parallel(const View4<const int8_t>& image,
                                     const View4<const GridT>& grid, const View4<OutT>& output,
                                     const QuantizedPlan& plan, int num_threads, Isa isa) {
   const int64_t rows = grid.sizes[0] * grid.sizes[1];
-  int64_t threads = num_threads > 0 ? num_threads : std::thread::hardware_concurrency();
   // Below ~64k output pixels a thread costs more than it saves.
-  threads = std::max<int64_t>(1, std::min<int64_t>(
-                                     threads, rows * grid.sizes[2] / 65536 + 1));
-  threads = std::min(threads, rows);
+  int64_t threads = std::min<int64_t>(rows, rows * grid.sizes[2] / 65536 + 1);
+  if (threads > 1) {
+    threads = std::min<int64_t>(threads, num_threads > 0 ? num_threads : default_num_threads());
+  }
   if (threads <= 1) {
     grid_sample_quantized(image, grid, output, plan, 0, rows, isa);
     return;

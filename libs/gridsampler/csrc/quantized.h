@@ -69,7 +69,12 @@ void grid_sample_quantized(const View4<const int8_t>& image, const View4<const G
                            const View4<OutT>& output, const QuantizedPlan& plan,
                            int64_t row_begin, int64_t row_end, Isa isa = Isa::kAuto);
 
-// The whole output, on `num_threads` threads (0: all hardware threads).
+// The threads the kernel uses by default: the CPUs this process may run on (its affinity mask,
+// as taskset and cpusets set it), at most its cgroup's CPU quota (cpu.max, or cfs_quota_us /
+// cfs_period_us, rounded up), at least 1.
+int default_num_threads();
+
+// The whole output, on `num_threads` threads (0: default_num_threads(); fewer for small outputs).
 template <typename GridT, typename OutT>
 void grid_sample_quantized_parallel(const View4<const int8_t>& image,
                                     const View4<const GridT>& grid, const View4<OutT>& output,

@@ -1,14 +1,16 @@
 """Property tests: for any shapes, quantization parameters and options inside the contract, the
-CPU kernel is within its bound of the reference and the Vulkan kernel gives the same bits."""
+CPU kernel is within its bound of the reference and the Vulkan kernel gives the same bits; for
+any float32 operands, NaN and infinities included, the float kernel gives PyTorch's results."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from gridsampler_cases import check_against_reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from etkit_gridsampler import GridSampleOp, QParams
+from etkit_gridsampler import GridSampleOp, QParams, cpu
 from etkit_gridsampler.plan import unsupported_reason
 
 
@@ -65,3 +67,47 @@ def test_cpu_within_bound_of_reference_and_vulkan_identical(
     image, grid, op = case
     assert unsupported_reason(op, image.shape[2], image.shape[3]) is None
     check_against_reference(image, grid, op)
+
+
+# Float32 values a grid or an image may hold: ordinary ones and the ones PyTorch treats apart.
+_SPECIAL = [float("nan"), float("inf"), float("-inf"), 3e38, -3e38, 1e10, -(2.0**31), 1e7]
+
+
+@st.composite
+def float_cases(draw: st.DrawFn) -> tuple[torch.Tensor, torch.Tensor, GridSampleOp]:
+    n, c = draw(st.integers(1, 2)), draw(st.integers(1, 4))
+    h, w = draw(st.integers(1, 6)), draw(st.integers(1, 6))
+    ho, wo = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    grid = torch.rand(n, ho, wo, 2, generator=generator) * 3 - 1.5
+    image = torch.randn(n, c, h, w, generator=generator)
+    for tensor, count in ((grid, draw(st.integers(0, 6))), (image, draw(st.integers(0, 3)))):
+        flat = tensor.view(-1)
+        for _ in range(count):
+            index = draw(st.integers(0, flat.numel() - 1))
+            flat[index] = draw(st.sampled_from(_SPECIAL))
+    if draw(st.booleans()):
+        image = image.contiguous(memory_format=torch.channels_last)
+    op = GridSampleOp(
+        draw(st.sampled_from(["bilinear", "nearest"])),
+        draw(st.sampled_from(["zeros", "border", "reflection"])),
+        draw(st.booleans()),
+    )
+    return image, grid, op
+
+
+@settings(max_examples=80, deadline=None)
+@given(float_cases())
+def test_float_kernel_has_pytorchs_nan_and_inf(
+    case: tuple[torch.Tensor, torch.Tensor, GridSampleOp],
+) -> None:
+    """Any shapes, NaN/inf/huge values anywhere in the grid and the image: the same NaN, +inf and
+    -inf elements as PyTorch, the other values within 1e-5."""
+    image, grid, op = case
+    expected = F.grid_sample(
+        image, grid, mode=op.mode, padding_mode=op.padding_mode, align_corners=op.align_corners
+    )
+    actual = cpu.grid_sample(image, grid, op)
+    for test in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(test(actual), test(expected)), f"{test.__name__}: {op}"
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0, equal_nan=True)

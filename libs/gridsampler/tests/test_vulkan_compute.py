@@ -100,3 +100,47 @@ def test_grid_sampler_dispatch_is_described_by_data() -> None:
     expected = grid_sample(image, grid, op)
     actual = torch.from_numpy(out.view(np.int8)[: sizes["output"]].copy()).reshape(1, 3, 6, 7)
     assert torch.equal(actual, expected)
+
+
+def test_buffers_and_groups_past_the_device_limits_are_refused_before_allocation() -> None:
+    device = default_device()
+    spirv = compile_glsl(SHADER, {"SHIFT": 0})
+    small = np.zeros(4, np.int32)
+    # as large as the limit allows plus one byte, with no memory behind it
+    huge = np.broadcast_to(np.zeros(1, np.uint8), (device.max_storage_buffer_bytes + 1,))
+    with pytest.raises(ValueError, match=r"buffer 1 has \d+ bytes, more than this Vulkan device's"):
+        device.run(spirv, [small, huge, small], group_counts=(1, 1, 1))
+    with pytest.raises(TypeError, match=r"buffer 2 must be a numpy\.ndarray, got list"):
+        device.run(spirv, [small, small, [0, 0]], group_counts=(1, 1, 1))  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"read_back must list buffer indices below 3, got \[3\]"):
+        device.run(spirv, [small, small, small], group_counts=(1, 1, 1), read_back=[3])
+    with pytest.raises(TypeError, match=r"source must be the GLSL text \(a str\), got bytes"):
+        compile_glsl(SHADER.encode())  # type: ignore[arg-type]
+    too_many = device.max_group_counts[1] + 1
+    with pytest.raises(ValueError, match=rf"group count {too_many} along y .*WorkGroupCount"):
+        device.run(spirv, [small, small, small], group_counts=(1, too_many, 1))
+
+
+def test_grid_sample_past_the_buffer_limit_names_the_buffer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from etkit_gridsampler import GridSampleOp, QParams
+
+    op = GridSampleOp(
+        "nearest",
+        "zeros",
+        False,
+        QParams(1 / 127, 0, -127, 127, torch.int8),
+        QParams(1 / 32767, 0, -32767, 32767, torch.int16),
+        None,
+    )
+    image = torch.zeros(1, 4, 16, 16, dtype=torch.int8)
+    grid = torch.zeros(1, 8, 8, 2, dtype=torch.int16)
+    monkeypatch.setattr(default_device(), "max_storage_buffer_bytes", 512)
+    with pytest.raises(ValueError, match=r"the image buffer needs 1024 bytes, more than .* 512"):
+        vulkan.grid_sample(image, grid, op)
+    monkeypatch.setattr(default_device(), "max_storage_buffer_bytes", 1000)
+    with pytest.raises(ValueError, match=r"the output buffer needs 1024 bytes, more than .* 1000"):
+        vulkan.grid_sample(image[:, :, :8, :8], grid, op)  # float32 output: 4 bytes an element

@@ -7,6 +7,7 @@ device memory is host memory anyway.
 
 from __future__ import annotations
 
+import numbers
 import os
 import shutil
 import subprocess
@@ -82,7 +83,9 @@ def find_glsl_compiler() -> list[str]:
 def compile_glsl(source: str, defines: dict[str, str | int] | None = None) -> bytes:
     """Compiles a GLSL compute shader to SPIR-V, with ``#define`` lines for ``defines`` placed
     after its ``#version`` line. Raises ``RuntimeError`` with the compiler's message when the
-    source does not compile."""
+    source does not compile, ``TypeError`` for a source that is not a string."""
+    if not isinstance(source, str):
+        raise TypeError(f"source must be the GLSL text (a str), got {type(source).__name__}")
     lines = source.splitlines()
     version_line = next((i for i, line in enumerate(lines) if line.startswith("#version")), -1)
     lines[version_line + 1 : version_line + 1] = [
@@ -163,6 +166,11 @@ class ComputeDevice:
         )
         self._queue = vk.vkGetDeviceQueue(self._device, self._queue_family, 0)
         self._memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(self._physical)
+        limits = vk.vkGetPhysicalDeviceProperties(self._physical).limits
+        #: The largest storage buffer a shader may bind, in bytes (maxStorageBufferRange).
+        self.max_storage_buffer_bytes = int(limits.maxStorageBufferRange)
+        #: The most workgroups a dispatch may have along x, y, z (maxComputeWorkGroupCount).
+        self.max_group_counts = tuple(int(limits.maxComputeWorkGroupCount[i]) for i in range(3))
         self._command_pool = vk.vkCreateCommandPool(
             self._device,
             vk.VkCommandPoolCreateInfo(
@@ -216,10 +224,16 @@ class ComputeDevice:
     ) -> list[npt.NDArray[Any]]:
         """Dispatches ``spirv`` (entry point ``main``) with ``buffers[i]`` bound at set 0, binding
         i, and returns copies of the buffers listed in ``read_back`` (all by default) after the
-        dispatch, each with its input's dtype and shape."""
+        dispatch, each with its input's dtype and shape. Raises ``ValueError`` before allocating
+        anything when a buffer or a group count exceeds this device's limits."""
+        self.check_limits(buffers, group_counts)
         vk = self._vk
         device = self._device
         read_back = list(range(len(buffers))) if read_back is None else list(read_back)
+        if any(not 0 <= index < len(buffers) for index in read_back):
+            raise ValueError(
+                f"read_back must list buffer indices below {len(buffers)}, got {read_back}"
+            )
         created: list[tuple[Any, Any, int]] = []
         try:
             for array in buffers:
@@ -270,6 +284,35 @@ class ComputeDevice:
             for buffer, memory, _ in created:
                 vk.vkDestroyBuffer(device, buffer, None)
                 vk.vkFreeMemory(device, memory, None)
+
+    def check_limits(
+        self, buffers: Sequence[npt.NDArray[Any]], group_counts: tuple[int, int, int]
+    ) -> None:
+        """Raises ``ValueError`` naming the buffer or the group count that this device cannot
+        bind or dispatch (``TypeError`` for a buffer that is not a NumPy array)."""
+        for index, array in enumerate(buffers):
+            if not isinstance(array, np.ndarray):
+                raise TypeError(
+                    f"buffer {index} must be a numpy.ndarray, got {type(array).__name__}; convert "
+                    "a tensor with .numpy()"
+                )
+            if int(array.nbytes) > self.max_storage_buffer_bytes:
+                raise ValueError(
+                    f"buffer {index} has {array.nbytes} bytes, more than this Vulkan device's "
+                    f"maxStorageBufferRange of {self.max_storage_buffer_bytes} bytes; split the "
+                    "work into smaller dispatches"
+                )
+        if len(group_counts) != 3 or not all(
+            isinstance(count, numbers.Integral) and not isinstance(count, bool)
+            for count in group_counts
+        ):
+            raise ValueError(f"group_counts must be 3 ints (x, y, z), got {group_counts!r}")
+        for axis, count, limit in zip("xyz", group_counts, self.max_group_counts, strict=True):
+            if not 0 <= count <= limit:
+                raise ValueError(
+                    f"group count {count} along {axis} is outside this Vulkan device's "
+                    f"maxComputeWorkGroupCount of {limit}"
+                )
 
     def _dispatch(
         self,

@@ -16,6 +16,7 @@ from executorch.exir.backend.partitioner import (
 from torch.export import ExportedProgram
 from torch.fx import Node
 
+from etkit_gridsampler.delegate_format import ArgumentRoles, DelegateFormatError, encode
 from etkit_gridsampler.op import MODE_NAMES, PADDING_NAMES, GridSampleOp, QParams
 from etkit_gridsampler.plan import unsupported_reason
 from etkit_gridsampler.runtime import BACKEND_ID
@@ -121,6 +122,15 @@ def unit_of(node: Node) -> GridSamplerUnit:
     reason = unsupported_reason(op, image_value.shape[2], image_value.shape[3])
     if reason is not None:
         raise UnsupportedGridSamplerError(reason)
+    # Refuse now what preprocess could not write. Which argument comes first is known only once
+    # the partition exists, but no rule of the blob depends on it; one tensor feeding both
+    # inputs is one runtime argument.
+    one_tensor = (image.args[0] if image_is_dq else image) is (grid.args[0] if grid_is_dq else grid)
+    roles = ArgumentRoles(1, 0, 0) if one_tensor else ArgumentRoles(2, 0, 1)
+    try:
+        encode(op, tuple(image_value.shape), tuple(grid_value.shape), roles=roles)
+    except DelegateFormatError as error:
+        raise UnsupportedGridSamplerError(str(error)) from error
     return GridSamplerUnit(
         op,
         tuple(image_value.shape),  # type: ignore[arg-type]

@@ -32,10 +32,28 @@ def c_qparams(qparams: QParams | None) -> CQParams | None:
     return CQParams(qparams.scale, qparams.zero_point, qparams.quant_min, qparams.quant_max)
 
 
-@lru_cache(maxsize=1024)  # a pure function of values; the CPU kernel asks it on every call
+def _check_arguments(op: object, height: object, width: object) -> str | None:
+    """Raises ``TypeError`` naming the argument that is not a ``GridSampleOp`` or an int; returns
+    why the sizes cannot be sampled (below 1), or ``None``."""
+    if not isinstance(op, GridSampleOp):
+        raise TypeError(f"op must be an etkit_gridsampler.GridSampleOp, got {type(op).__name__}")
+    for name, value in (("height", height), ("width", width)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int (the image's size), got {value!r}")
+    assert isinstance(height, int) and isinstance(width, int)
+    if height < 1 or width < 1:
+        return f"image height and width must be at least 1, got {height} x {width}"
+    return None
+
+
+@lru_cache(maxsize=1024, typed=True)  # pure; the CPU kernel asks it on every call
 def unsupported_reason(op: GridSampleOp, height: int, width: int) -> str | None:
     """Why ``op`` on an image of ``height`` x ``width`` is outside the backend's contract, or
-    ``None`` when the backend implements it."""
+    ``None`` when the backend implements it (sizes below 1 are a reason). Raises ``TypeError``
+    for arguments that are not an op and two ints."""
+    size_reason = _check_arguments(op, height, width)
+    if size_reason is not None:
+        return size_reason
     if op.is_float:
         return None
     if op.image is None or op.image.dtype != torch.int8:
@@ -53,7 +71,11 @@ def unsupported_reason(op: GridSampleOp, height: int, width: int) -> str | None:
 
 def plan(op: GridSampleOp, height: int, width: int) -> QuantizedPlan:
     """The integer contract's constants for ``op`` on an image of ``height`` x ``width``.
-    Raises ``UnsupportedOpError`` saying why when the configuration is outside the contract."""
+    Raises ``UnsupportedOpError`` saying why when the configuration is outside the contract (or
+    a size is below 1), ``TypeError`` for arguments that are not an op and two ints."""
+    size_reason = _check_arguments(op, height, width)
+    if size_reason is not None:
+        raise UnsupportedOpError(size_reason)
     if op.image is None or op.grid is None:
         raise UnsupportedOpError("the integer contract needs a quantized image and grid")
     values = (ctypes.c_int64 * 16)()

@@ -25,8 +25,10 @@ def is_registered() -> bool:
 
 
 def validate_blob(blob: bytes) -> None:
-    """Validates a delegate blob exactly as the C++ backend does at ``init``. Raises
-    ``DelegateFormatError`` with the runtime's message when it would refuse the blob."""
+    """Validates a delegate blob with the C++ parser the backend runs at ``init`` (the rules of
+    docs/delegate_format.md). ``init`` also plans the integer contract, which may still refuse a
+    valid blob (``plan.unsupported_reason`` says when). Raises ``DelegateFormatError`` with the
+    runtime's message when the parser refuses the blob."""
     import ctypes
 
     from etkit_gridsampler.delegate_format import DelegateFormatError

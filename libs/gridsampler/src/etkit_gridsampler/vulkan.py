@@ -9,7 +9,9 @@ its bindings, parameter block and dispatch size as data, for running it from a s
 from __future__ import annotations
 
 import math
+import operator
 import struct
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
@@ -24,7 +26,7 @@ from etkit_gridsampler._vulkan_compute import (
     compile_glsl,
     default_device,
 )
-from etkit_gridsampler.cpu import check_dtypes, check_inputs, is_channels_last
+from etkit_gridsampler.cpu import check_dtypes, check_op, is_channels_last
 from etkit_gridsampler.op import MODE_CODES, PADDING_CODES, GridSampleOp
 from etkit_gridsampler.plan import UnsupportedOpError, plan
 
@@ -43,6 +45,9 @@ __all__ = [
 
 WORKGROUP_SIZE = 64
 MAX_GROUPS_X = 65535
+# The shader indexes the image, the grid and the output with 32-bit signed integers, and the
+# parameter block holds their sizes and strides as such: none may have more elements than this.
+MAX_ELEMENTS = 2**31 - 1
 # The parameter block (binding 3, std430): the 16 int64 of the plan, then these.
 PARAMS_FORMAT = "<16q16ifi"
 PARAMS_FIELDS = (
@@ -116,23 +121,76 @@ def _image_memory(image: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], b
     return contiguous.reshape(-1), tuple(contiguous.stride()), False
 
 
+def _shape(value: object, name: str, layout: str) -> tuple[int, int, int, int]:
+    """``value`` as four sizes of at least 1, or ``TypeError``/``ValueError`` naming ``name``."""
+    message = f"{name} must be a sequence of 4 ints ({layout}), got {value!r}"
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 4:
+        raise TypeError(message)
+    sizes: list[int] = []
+    for size in value:
+        if isinstance(size, bool):
+            raise TypeError(message)
+        try:
+            sizes.append(operator.index(size))
+        except TypeError:
+            raise TypeError(message) from None
+    if min(sizes) < 1:
+        raise ValueError(f"{name} must have every size at least 1 ({layout}), got {tuple(sizes)}")
+    return sizes[0], sizes[1], sizes[2], sizes[3]
+
+
+def _check_limits(
+    image_shape: tuple[int, int, int, int], grid_shape: tuple[int, int, int, int]
+) -> None:
+    batch, channels, height, width = image_shape
+    _, out_height, out_width, _ = grid_shape
+    counts = (
+        ("image", "N x C x H x W", batch * channels * height * width, image_shape),
+        ("grid", "N x Ho x Wo x 2", batch * out_height * out_width * 2, grid_shape),
+        ("output", "N x C x Ho x Wo", batch * channels * out_height * out_width, None),
+    )
+    for name, layout, count, shape in counts:
+        if count > MAX_ELEMENTS:
+            of = f" {shape}" if shape is not None else ""
+            raise ValueError(
+                f"the {name}{of} has {layout} = {count} elements, more than the Vulkan kernel's "
+                f"limit of 2^31 - 1 = {MAX_ELEMENTS} (it indexes with 32-bit signed integers); "
+                "split the batch or tile the image and grid into smaller calls, or use "
+                "etkit_gridsampler.cpu"
+            )
+
+
 def dispatch(
-    image_shape: tuple[int, int, int, int],
-    grid_shape: tuple[int, int, int, int],
+    image_shape: Sequence[int],
+    grid_shape: Sequence[int],
     op: GridSampleOp,
     *,
     channels_last: bool = False,
 ) -> KernelDispatch:
     """The dispatch of ``op`` on an image of ``image_shape`` (NCHW sizes; ``channels_last``: NHWC
-    in memory, and so is the output) and a contiguous grid of ``grid_shape``. Raises
-    ``UnsupportedOpError`` for a configuration outside the integer contract."""
+    in memory, and so is the output) and a contiguous grid of ``grid_shape`` (N x Ho x Wo x 2).
+    Raises ``TypeError``/``ValueError`` naming the argument for shapes that do not fit (the
+    same N, a last grid size of 2, every size at least 1, at most 2^31 - 1 elements in the
+    image, the grid and the output), ``UnsupportedOpError`` for a configuration outside the
+    integer contract."""
+    check_op(op)
     if op.is_float or op.image is None or op.grid is None:
         raise UnsupportedOpError(
             "the Vulkan kernel implements the integer contract (int8 image, int16/int8 grid); "
             "use etkit_gridsampler.cpu for float32"
         )
-    batch, channels, height, width = image_shape
-    _, out_height, out_width, _ = grid_shape
+    image_sizes = _shape(image_shape, "image_shape", "N x C x H x W")
+    grid_sizes = _shape(grid_shape, "grid_shape", "N x Ho x Wo x 2")
+    if grid_sizes[3] != 2:
+        raise ValueError(f"grid_shape must be N x Ho x Wo x 2 ((x, y) last), got {grid_sizes}")
+    if grid_sizes[0] != image_sizes[0]:
+        raise ValueError(
+            f"image_shape and grid_shape must have the same batch size N, got image N = "
+            f"{image_sizes[0]} ({image_sizes}) and grid N = {grid_sizes[0]} ({grid_sizes})"
+        )
+    _check_limits(image_sizes, grid_sizes)
+    batch, channels, height, width = image_sizes
+    _, out_height, out_width, _ = grid_sizes
     constants = plan(op, height, width)
     total = batch * channels * out_height * out_width
     float_output = op.output is None
@@ -177,25 +235,32 @@ def _words(data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 def grid_sample(image: torch.Tensor, grid: torch.Tensor, op: GridSampleOp) -> torch.Tensor:
     """The integer grid sampler on the Vulkan device: the contract and the outputs of
-    ``cpu.grid_sample``, bit for bit. Raises ``VulkanUnavailableError`` without a usable device,
+    ``cpu.grid_sample``, bit for bit. Checks its operands first, as ``cpu.grid_sample`` does
+    (``cpu.check_inputs``: ``TypeError``, ``ValueError``), and the Vulkan kernel's size limits
+    (``dispatch``). Raises ``VulkanUnavailableError`` without a usable device,
     ``UnsupportedOpError`` for a float op or a configuration outside the contract."""
-    check_inputs(image, grid)
+    check_op(op)
     if op.is_float:
         raise UnsupportedOpError(
             "the Vulkan kernel implements the integer contract; use etkit_gridsampler.cpu for "
             "float32"
         )
     output_dtype = check_dtypes(image, grid, op)
+    # Sizes before any copy: the dispatch refuses what the kernel cannot index.
+    channels_last = is_channels_last(image)
+    description = dispatch(tuple(image.shape), tuple(grid.shape), op, channels_last=channels_last)
     device = default_device()
     if not device.shader_int64:
         raise VulkanUnavailableError("the Vulkan device lacks 64-bit shader integers (shaderInt64)")
-    memory, _, channels_last = _image_memory(image)
-    description = dispatch(
-        tuple(image.shape),  # type: ignore[arg-type]
-        tuple(grid.shape),  # type: ignore[arg-type]
-        op,
-        channels_last=channels_last,
-    )
+    for _, _, name, _, size in description.bindings:
+        if size > device.max_storage_buffer_bytes:
+            raise ValueError(
+                f"the {name} buffer needs {size} bytes, more than this Vulkan device's "
+                f"maxStorageBufferRange of {device.max_storage_buffer_bytes} bytes; split the "
+                "batch or tile the image and grid into smaller calls, or use etkit_gridsampler.cpu"
+            )
+    memory, _, _ = _image_memory(image.resolve_neg())
+    grid = grid.resolve_neg()
     total = int(description.params["total_elements"])
     out_words = np.zeros(
         total if output_dtype == torch.float32 else math.ceil(total / 4), np.uint32
