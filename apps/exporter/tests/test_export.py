@@ -90,7 +90,10 @@ def test_report_contents(flow_warp_xnnpack: Any) -> None:
         "bilinear", "border", False,
     )  # fmt: skip
     assert sampler["image"]["dtype"] == "int8" and sampler["grid"]["dtype"] == "int16"
-    assert sampler["grid"]["scale"] == pytest.approx(1 / 32767)
+    # the flow moves sample points past the unit square: the default grid scale covers them
+    assert sampler["grid"]["scale"] == pytest.approx(2 / 32767)
+    (grid,) = [s for s in report["saturation"] if s["name"].endswith(" grid")]
+    assert grid["outside"] == 0 and grid["observed"][1] > 1
     assert sampler["image_shape"][1] == 4  # RGB padded to RGBA
     assert all(o["reason"] for o in report["outside_delegates"])
     assert {

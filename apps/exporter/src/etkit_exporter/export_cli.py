@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import logging
 import math
 import os
@@ -27,6 +28,14 @@ EXAMPLES = """examples:
                --quant-input snorm8 --quant-input snorm8 --quant-output snorm8 --out out/warp
   etkit-export demo resample --quant-input unorm8 --quant-input snorm16 \\
                --quant-output q0.7 --quant-output float --force
+  etkit-export --model mypkg.models:make_warp --calibration frames/ --image-range -1,1 \\
+               --quant-grid q1.14
+
+defaults: every boundary and grid-sampler qspec not given is chosen from the calibration data
+(the example inputs when --calibration is absent): snorm8 for values in [-1, 1], snorm16 for grids
+in [-1, 1], a power-of-two int16 scale covering wider grids, observed int8 otherwise. Each fixed
+range is checked against the calibration data: the share outside it is reported (saturation),
+with a warning past 0.1 %.
 
 qspecs: snorm8 (int8, 1/127), snorm16 (int16, 1/32767), unorm8 (uint8, 1/255), qM.N (a Q-format:
 M integer and N fraction bits, 8 bits when M+N < 8, else 16), float (leave that input/output float).
@@ -70,6 +79,20 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--quant-input", action="append", metavar="QSPEC", help="per input")
     parser.add_argument("--quant-output", action="append", metavar="QSPEC", help="per output")
+    parser.add_argument(
+        "--quant-grid", metavar="QSPEC",
+        help="the grid samplers' grid qspec (default: from the calibration data)",
+    )  # fmt: skip
+    parser.add_argument("--quant-sampler-image", metavar="QSPEC", help="grid samplers' image")
+    parser.add_argument("--quant-sampler-output", metavar="QSPEC", help="grid samplers' output")
+    parser.add_argument(
+        "--calibration", metavar="PATH",
+        help="calibration samples: a folder or glob of .npy/.npz/.pt files or images",
+    )  # fmt: skip
+    parser.add_argument(
+        "--image-range", metavar="LOW,HIGH",
+        help="the value range images in --calibration map to, e.g. -1,1 or 0,1",
+    )  # fmt: skip
     parser.add_argument("--no-quant", action="store_true", help="export in float")
     parser.add_argument("--target", choices=TARGETS, default="vgf")
     parser.add_argument("--out", type=Path, help="artifacts folder (default artifacts/NAME-TARGET)")
@@ -190,6 +213,8 @@ class _Progress:
 
 
 def _summary(result: Any, seconds: float) -> str:
+    from etkit_quant import describe_qspec
+
     report = result.report
     lines = ["", "partitions:"]
     for p in report["partitions"]:
@@ -204,6 +229,13 @@ def _summary(result: Any, seconds: float) -> str:
             )
             texture = f" ({e['texture']['format']})" if e.get("texture") else ""
             lines.append(f"  {kind[:-1]:<6} {e['index']} {e['name']:<12} {q}{texture}")
+    if result.saturation:
+        lines.append("saturation (calibration values outside each fixed range):")
+        for record in result.saturation:
+            verdict = "ok" if record.passes() else f"CLIPS: use {describe_qspec(record.instead())}"
+            lines.append(
+                f"  {record.name}: {record.qspec}, {100 * record.fraction:.3g} % outside: {verdict}"
+            )
     if result.verification:
         lines.append("verification (executorch.runtime):")
         for c in result.verification["comparisons"]:
@@ -237,6 +269,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, inputs, name = _model_from(args)
         ins = None if args.quant_input is None else [parse_qspec(q) for q in args.quant_input]
         outs = None if args.quant_output is None else [parse_qspec(q) for q in args.quant_output]
+        samplers = {
+            f"grid_sampler_{role}_qspec": parse_qspec(text)
+            for role, text in (
+                ("image", args.quant_sampler_image),
+                ("grid", args.quant_grid),
+                ("output", args.quant_sampler_output),
+            )
+            if text is not None
+        }
+        calibration = _calibration_from(args, model, inputs)
         out = args.out if args.out is not None else Path("artifacts") / f"{name}-{args.target}"
         destination = check_destination(out, args.force)
     except (UsageError, ValueError, FileExistsError) as error:
@@ -258,7 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             artifacts_root=out,
             quantized_input_qspecs=ins,
             quantized_output_qspecs=outs,
+            calibration=calibration,
+            on_calibration_sample=_SampleProgress(sys.stdout),
             enable_pt2e_quantization=not args.no_quant,
+            **samplers,
             target=args.target,
             verify=args.verify,
             force=args.force,
@@ -284,14 +329,63 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _calibration_from(
+    args: argparse.Namespace, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
+) -> list[tuple[torch.Tensor, ...]] | None:
+    from etkit_exporter.calibration_data import (
+        CalibrationDataError,
+        parse_image_range,
+        read_calibration,
+    )
+
+    if args.calibration is None:
+        return None
+    try:
+        names = [
+            name
+            for name, parameter in inspect.signature(model.forward).parameters.items()
+            if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+        ]
+        image_range = parse_image_range(args.image_range) if args.image_range else None
+        return read_calibration(
+            args.calibration, inputs, input_names=names, image_range=image_range
+        )
+    except CalibrationDataError as error:
+        raise UsageError(str(error)) from error
+
+
+class _SampleProgress:
+    """Calibration progress: a bar on a terminal, one line at the end otherwise."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.tty:
+            filled = round(24 * done / total)
+            bar = "#" * filled + "." * (24 - filled)
+            self.stream.write(f"\r\033[K  calibration [{bar}] {done}/{total} samples")
+            self.stream.write("\n" if done == total else "")
+        elif done == total:
+            self.stream.write(f"calibration: {total} samples\n")
+        self.stream.flush()
+
+
 def _model_from(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
     from etkit_exporter.demos import DEMOS
 
     shapes = [parse_shape(s) for s in args.input_shape]
-    if args.no_quant and (args.quant_input or args.quant_output):
+    quant_options = (
+        args.quant_input, args.quant_output, args.quant_grid, args.quant_sampler_image,
+        args.quant_sampler_output, args.calibration,
+    )  # fmt: skip
+    if args.no_quant and any(option is not None for option in quant_options):
         raise UsageError(
-            "--quant-input/--quant-output have no effect with --no-quant: drop one or the other"
+            "--quant-*/--calibration options have no effect with --no-quant: drop one or the other"
         )
+    if args.image_range is not None and args.calibration is None:
+        raise UsageError("--image-range applies to images in --calibration: give --calibration")
     if args.demo:
         if args.demo[0] != "demo" or len(args.demo) > 2:
             raise UsageError(f"unexpected arguments {' '.join(args.demo)} (try: demo [NAME])")

@@ -9,11 +9,11 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import torch
 from torch.export import ExportedProgram
@@ -22,7 +22,15 @@ from torchao.quantization.pt2e.quantizer import QuantizationSpec
 from etkit_exporter import __version__
 from etkit_exporter.artifacts import Staging, check_destination
 from etkit_exporter.diagnostics import root_cause
-from etkit_quant import snorm8, snorm16
+from etkit_quant import (
+    BoundaryQuantizer,
+    Saturation,
+    boundary_fixed_qspecs,
+    check_calibration,
+    default_qspecs,
+    observe_ranges,
+    saturation_report,
+)
 from etkit_quant.graph import is_grid_sampler
 
 logger = logging.getLogger(__name__)
@@ -48,11 +56,30 @@ class ExportResult:
     artifacts_root: Path
     verification: dict[str, Any] | None = None
     converted_model: torch.nn.Module | None = field(default=None, repr=False)
+    saturation: tuple[Saturation, ...] = ()
 
 
-def default_input_qspec(example: torch.Tensor) -> QuantizationSpec:
-    """SNORM16 for a sampling grid (N x H x W x 2), SNORM8 for anything else."""
-    return snorm16() if example.dim() == 4 and example.shape[-1] == 2 else snorm8()
+class _Calibrated:
+    """The default of a grid-sampler qspec: chosen from the calibration data."""
+
+    def __repr__(self) -> str:
+        return "CALIBRATED"
+
+
+CALIBRATED: Final = _Calibrated()
+SamplerQSpec: TypeAlias = "QuantizationSpec | _Calibrated | None"
+
+
+@dataclass(frozen=True)
+class _QuantOptions:
+    enabled: bool
+    inputs: tuple[QuantizationSpec | None, ...] | None
+    outputs: tuple[QuantizationSpec | None, ...] | None
+    sampler_image: SamplerQSpec
+    sampler_grid: SamplerQSpec
+    sampler_output: SamplerQSpec
+    samples: tuple[tuple[torch.Tensor, ...], ...]
+    on_sample: Callable[[int, int], None] | None
 
 
 def _check_arguments(
@@ -153,28 +180,40 @@ def export_model(
     intermediate_artifacts_root: str | Path | None = None,
     quantized_input_qspecs: Sequence[QuantizationSpec | None] | None = None,
     quantized_output_qspecs: Sequence[QuantizationSpec | None] | None = None,
+    grid_sampler_image_qspec: SamplerQSpec = CALIBRATED,
+    grid_sampler_grid_qspec: SamplerQSpec = CALIBRATED,
+    grid_sampler_output_qspec: SamplerQSpec = CALIBRATED,
     quantize_grid_sample_output: bool = True,
+    calibration: Iterable[tuple[torch.Tensor, ...]] | None = None,
     enable_pt2e_quantization: bool = True,
     target: str = "vgf",
     verify: bool = False,
     force: bool = False,
     on_stage: StageCallback | None = None,
+    on_calibration_sample: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
     """Exports ``model`` to an ExecuTorch program for ``target`` ("vgf": VGF plus etkit's grid
     sampler; "xnnpack": XNNPACK plus etkit's grid sampler), writing under ``artifacts_root``:
     ``model.pte``, ``io_quant_params.json``, ``report.json``, ``report.md`` and the VGF/TOSA
     intermediates (under ``intermediate_artifacts_root``, default ``artifacts_root/intermediates``).
 
-    Quantization (``enable_pt2e_quantization``): one qspec per input and per output (``None``:
-    that boundary stays float; the default is SNORM16 for grid-shaped inputs, SNORM8 otherwise);
-    grid samplers read int8 SNORM images and int16 SNORM16 grids and write int8 SNORM
-    (``quantize_grid_sample_output``) or float. ``verify`` (target "xnnpack") runs the program in
-    ``executorch.runtime`` and compares it with the float and the quantized model.
+    Quantization (``enable_pt2e_quantization``) is calibrated on ``calibration`` (an iterable of
+    input tuples shaped like ``example_inputs``; the example inputs alone when ``None``). One
+    qspec per input and per output (``None``: that boundary stays float); the grid samplers'
+    image, grid and output qspecs (``None``: float; ``quantize_grid_sample_output=False`` is
+    ``grid_sampler_output_qspec=None``). Each left at its default (``CALIBRATED``) is chosen
+    from the calibration data (``etkit_quant.default_qspecs``): SNORM8 for values in [-1, 1],
+    SNORM16 for grids in [-1, 1], a power-of-two int16 scale covering wider grids, observed int8
+    parameters for anything else, so no default clips. Every fixed-parameter boundary and sampler
+    input gets a saturation record (``result.saturation``, report.json/.md, a logged warning past
+    0.1 %). ``verify`` (target "xnnpack") runs the program in ``executorch.runtime`` and compares
+    it with the float and the quantized model.
 
     Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``;
     ``etkit_exporter.artifacts.DestinationError``, a ``ValueError``, for an ``artifacts_root``
-    etkit will not write or replace). ``force`` replaces an earlier etkit export, never anything
-    else (see ``etkit_exporter.artifacts``). Artifacts are written to a staging folder beside
+    etkit will not write or replace; calibration samples are checked one by one, the error naming
+    the sample and input). ``force`` replaces an earlier etkit export, never anything else (see
+    ``etkit_exporter.artifacts``). Artifacts are written to a staging folder beside
     ``artifacts_root`` and swapped into place at the end, so a kill at any instant leaves the
     previous export or the new one; a failing stage raises ``ExportError`` naming it (a full disk
     says so) and leaves nothing behind."""
@@ -183,6 +222,16 @@ def export_model(
     if verify and target != "xnnpack":
         raise ValueError("verify=True runs the program on the CPU: use target='xnnpack'")
     _check_forward(model.eval(), inputs)
+    quant = _QuantOptions(
+        enabled=enable_pt2e_quantization,
+        inputs=_check_qspec_list(quantized_input_qspecs, "quantized_input_qspecs"),
+        outputs=_check_qspec_list(quantized_output_qspecs, "quantized_output_qspecs"),
+        sampler_image=grid_sampler_image_qspec,
+        sampler_grid=grid_sampler_grid_qspec,
+        sampler_output=grid_sampler_output_qspec if quantize_grid_sample_output else None,
+        samples=tuple(check_calibration(calibration, inputs)),
+        on_sample=on_calibration_sample,
+    )
     destination = check_destination(root, force)
     for note in destination.notes:
         logger.warning("%s", note)
@@ -194,10 +243,7 @@ def export_model(
                 inputs,
                 staging.path,
                 Path(intermediate_artifacts_root) if intermediate_artifacts_root else None,
-                quantized_input_qspecs,
-                quantized_output_qspecs,
-                quantize_grid_sample_output,
-                enable_pt2e_quantization,
+                quant,
                 target,
                 verify,
                 stages,
@@ -255,10 +301,7 @@ def _run(
     inputs: tuple[torch.Tensor, ...],
     work: Path,
     intermediates_root: Path | None,
-    input_qspecs: Sequence[QuantizationSpec | None] | None,
-    output_qspecs: Sequence[QuantizationSpec | None] | None,
-    quantize_grid_sample_output: bool,
-    quantize: bool,
+    quant: _QuantOptions,
     target: str,
     verify: bool,
     stages: _Stages,
@@ -269,14 +312,15 @@ def _run(
     from etkit_exporter.io_params import io_table
     from etkit_exporter.report import build_report, write_report
     from etkit_gridsampler import GridSamplerPartitioner
+    from etkit_gridsampler.call_sites import check_call_sites
     from etkit_layout import channels_last, pad_rgb_to_rgba
     from etkit_partition import (
         DetagInputQuantize,
         DetagOps,
         DetagOutputDequantize,
+        DetagQuantizeDtypes,
         PolicyPartitioner,
     )
-    from etkit_quant import BoundaryQuantizer
     from etkit_quant import quantize as quantize_model
 
     intermediates = intermediates_root or work / "intermediates"
@@ -285,37 +329,47 @@ def _run(
         exported = torch.export.export(model, inputs, strict=True)
         num_outputs = len(exported.graph_signature.user_outputs)
         _check_grid_samplers(exported)
-    ins = (
-        list(input_qspecs) if input_qspecs is not None else [default_input_qspec(x) for x in inputs]
-    )
-    outs = list(output_qspecs) if output_qspecs is not None else [snorm8()] * num_outputs
     base, partitioner, spec = _backend(target, intermediates)
     quantizer = None
-    if quantize:
-        quantizer = BoundaryQuantizer(
-            base,
-            input_qspecs=ins,
-            output_qspecs=outs,
-            grid_sampler_output_qspec=snorm8() if quantize_grid_sample_output else None,
-        )
-        quantizer.check_counts(len(inputs), num_outputs)
+    saturations: tuple[Saturation, ...] = ()
+    if quant.enabled:
+        for given, count, what in (
+            (quant.inputs, len(inputs), "input"),
+            (quant.outputs, num_outputs, "output"),
+        ):
+            if given is not None and len(given) != count:
+                raise ValueError(
+                    f"{what}_qspecs has {len(given)} entries but the model has {count} "
+                    f"{'user inputs' if what == 'input' else 'outputs'}; give one qspec (or "
+                    f"None) per {what}"
+                )
+        with stages.stage("observe_ranges"):
+            quantizer, saturations = _boundary_quantizer(exported, base, quant, len(inputs))
+        for record in saturations:
+            if not record.passes():
+                logger.warning("saturation: %s", record.message())
+    ins, outs = (quantizer.input_qspecs, quantizer.output_qspecs) if quantizer else ((), ())
     with stages.stage("rgb_to_rgba"):
         graph = exported.module(check_guards=False)
         pad_rgb_to_rgba(graph)
     converted: torch.nn.Module = graph
     if quantizer is not None:
         with stages.stage("quantize"):
-            converted = quantize_model(graph, inputs, quantizer)
+            converted = quantize_model(
+                graph, inputs, quantizer, calibration=quant.samples, on_sample=quant.on_sample
+            )
     with stages.stage("re_export"):
         program = torch.export.export(converted, inputs, strict=True)
-    quantized_inputs = [k for k, q in enumerate(ins) if q is not None] if quantize else []
-    quantized_outputs = [k for k, q in enumerate(outs) if q is not None] if quantize else []
+    quantized_inputs = [k for k, q in enumerate(ins) if q is not None]
+    quantized_outputs = [k for k, q in enumerate(outs) if q is not None]
     policies = PolicyPartitioner(
         partitioner,
         [
             DetagInputQuantize(quantized_inputs),
             DetagOutputDequantize(quantized_outputs),
             DetagOps([torch.ops.aten.grid_sampler_2d.default]),
+            # XNNPACK has no int16 activations (grids are int16)
+            *([DetagQuantizeDtypes([torch.int16])] if target == "xnnpack" else []),
         ],
     )
     # Channels-last boundaries are for a GPU engine (VGF); XNNPACK's delegates expect the
@@ -337,6 +391,8 @@ def _run(
             else {"inputs": {}, "outputs": {}}
         )
         io_params = io_table(manager.exported_program(), extracted)
+    with stages.stage("check_delegates"):  # a program that could never run fails here
+        check_call_sites(manager.exported_program())
     with stages.stage("serialize"):
         strip_build_paths(manager.exported_program())
         (work / "model.pte").write_bytes(manager.to_executorch().buffer)
@@ -357,6 +413,7 @@ def _run(
         intermediates=intermediates,
         verification=verification,
         tosa_spec=spec,
+        saturation=[record.as_dict() for record in saturations],
     )
     write_report(report, work)
     return ExportResult(
@@ -368,6 +425,7 @@ def _run(
         artifacts_root=work,
         verification=verification,
         converted_model=converted,
+        saturation=saturations,
     )
 
 
@@ -389,6 +447,57 @@ def strip_build_paths(program: ExportedProgram) -> list[str]:
             removed += [c.key for c in module.compile_specs if c.key in BUILD_PATH_COMPILE_SPECS]
             module._compile_specs = kept
     return removed
+
+
+def _check_qspec_list(
+    qspecs: Sequence[QuantizationSpec | None] | None, what: str
+) -> tuple[QuantizationSpec | None, ...] | None:
+    if qspecs is None:
+        return None
+    if isinstance(qspecs, QuantizationSpec) or not isinstance(qspecs, Sequence):
+        raise TypeError(f"{what} must be a sequence of qspecs (or None), one per boundary")
+    return tuple(qspecs)
+
+
+def _boundary_quantizer(
+    exported: ExportedProgram, base: Any, quant: _QuantOptions, num_inputs: int
+) -> tuple[BoundaryQuantizer, tuple[Saturation, ...]]:
+    """The boundary quantizer over ``base`` with the given qspecs and, where none is given, the
+    ones the calibration data calls for; and the saturation of each fixed-parameter one."""
+    given = [
+        q
+        for q in (
+            *(quant.inputs or ()),
+            *(quant.outputs or ()),
+            quant.sampler_image,
+            quant.sampler_grid,
+            quant.sampler_output,
+        )
+        if isinstance(q, QuantizationSpec)
+    ]
+    observation = observe_ranges(exported, quant.samples, count_outside=given)
+    defaults = default_qspecs(observation)
+
+    def chosen(value: SamplerQSpec, default: QuantizationSpec) -> QuantizationSpec | None:
+        return default if isinstance(value, _Calibrated) else value
+
+    quantizer = BoundaryQuantizer(
+        base,
+        input_qspecs=quant.inputs if quant.inputs is not None else defaults.input_qspecs,
+        output_qspecs=quant.outputs if quant.outputs is not None else defaults.output_qspecs,
+        grid_sampler_image_qspec=chosen(quant.sampler_image, defaults.grid_sampler_image_qspec),
+        grid_sampler_grid_qspec=chosen(quant.sampler_grid, defaults.grid_sampler_grid_qspec),
+        grid_sampler_output_qspec=chosen(quant.sampler_output, defaults.grid_sampler_output_qspec),
+    )
+    quantizer.check_counts(num_inputs, len(observation.outputs))
+    try:
+        saturations = saturation_report(observation, quantizer)
+    except ValueError:  # a default's fixed range was not counted in the first pass
+        observation = observe_ranges(
+            exported, quant.samples, count_outside=boundary_fixed_qspecs(quantizer)
+        )
+        saturations = saturation_report(observation, quantizer)
+    return quantizer, saturations
 
 
 def _backend(target: str, intermediates: Path) -> tuple[Any, Any, str | None]:

@@ -53,6 +53,7 @@ def build_report(
     intermediates: Path,
     verification: dict[str, Any] | None,
     tosa_spec: str | None,
+    saturation: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The report of an exported program (``program``: the final edge program)."""
     from etkit_gridsampler import delegate_format
@@ -113,6 +114,7 @@ def build_report(
         "timings_s": timings,
         "intermediates": sorted(p.name for p in intermediates.glob("*")),
         "verification": verification,
+        "saturation": saturation or [],
         "versions": _versions(),
     }
 
@@ -193,6 +195,25 @@ def render_markdown(report: dict[str, Any]) -> str:
             )
     lines += _table(
         ["", "index", "name", "shape", "dim order", "dtype", "scale", "zero point", "texture"], rows
+    )
+    lines += ["", "## Saturation (calibration data outside each fixed range)", ""]
+    lines += (
+        _table(
+            ["boundary", "qspec", "range", "outside", "observed", "verdict"],
+            [
+                [
+                    s["name"],
+                    s["qspec"],
+                    f"[{s['range'][0]:.6g}, {s['range'][1]:.6g}]",
+                    f"{s['outside']} of {s['total']} ({100 * s['fraction']:.3g} %)",
+                    f"[{s['observed'][0]:.6g}, {s['observed'][1]:.6g}]",
+                    "ok" if s["passes"] else f"**clips**: use {s['instead']}",
+                ]
+                for s in report.get("saturation", [])
+            ],
+        )
+        if report.get("saturation")
+        else ["(no fixed-range boundary)"]
     )
     if report.get("verification"):
         lines += ["", "## Verification (executorch.runtime)", ""]

@@ -1,6 +1,7 @@
 """etkit-partition: partition tag policies and a policy partitioner wrapper for ExecuTorch
 partitioners."""
 
+from etkit_partition.dtypes import DetagQuantizeDtypes
 from etkit_partition.partitioner import PolicyPartitioner
 from etkit_partition.policies import (
     DetagInputQuantize,
@@ -18,6 +19,7 @@ __all__ = [
     "DetagInputQuantize",
     "DetagOps",
     "DetagOutputDequantize",
+    "DetagQuantizeDtypes",
     "PartitionPolicy",
     "PolicyPartitioner",
     "__version__",

@@ -1,0 +1,176 @@
+"""Honest default quantization: calibrated defaults, saturation reports, calibration files,
+exposed grid-sampler qspecs; real exports verified in executorch.runtime."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from etkit_exporter import export_model
+from etkit_exporter.calibration_data import CalibrationDataError, read_calibration
+from etkit_quant import snorm8, snorm16
+
+
+def _float_db(result: Any) -> float:
+    (entry,) = [c for c in result.verification["comparisons"] if c["reference"] == "float model"]
+    return float("inf") if entry["psnr_db"] is None else float(entry["psnr_db"])
+
+
+class Classifier(torch.nn.Module):
+    """An ImageNet-normalized input (values past [-1, 1]) and logits in about [-20, 20]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        features = F.adaptive_avg_pool2d(torch.relu(self.conv(image)), 1).flatten(1)
+        return self.head(features) * 20
+
+
+def _normalized_images(count: int) -> list[tuple[torch.Tensor, ...]]:
+    generator = torch.Generator().manual_seed(1)
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    return [((torch.rand(1, 3, 16, 16, generator=generator) - mean) / std,) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def classifier_default(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    samples = _normalized_images(8)
+    return export_model(
+        Classifier(), samples[0], artifacts_root=tmp_path_factory.mktemp("cls") / "out",
+        calibration=samples, target="xnnpack", verify=True,
+    )  # fmt: skip
+
+
+def test_default_quantization_keeps_logits(classifier_default: Any) -> None:
+    """Observed parameters where the data leaves [-1, 1]: the logits survive (a fixed SNORM8
+    output turned them into garbage, -14.9 dB, before)."""
+    io = classifier_default.io_quant_params
+    assert io["inputs"][0]["scale"] > 1 / 127 and io["outputs"][0]["scale"] > 1 / 127
+    assert _float_db(classifier_default) > 30
+    assert all(record.passes() for record in classifier_default.saturation)
+
+
+def test_a_fixed_range_that_clips_is_reported_loudly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    samples = _normalized_images(4)
+    with caplog.at_level(logging.WARNING, logger="etkit_exporter.pipeline"):
+        result = export_model(
+            Classifier(), samples[0], artifacts_root=tmp_path / "out", calibration=samples,
+            quantized_output_qspecs=(snorm8(),), target="xnnpack",
+        )  # fmt: skip
+    (record,) = [r for r in result.saturation if r.name.startswith("output 0")]
+    assert not record.passes() and record.fraction > 0.001 and record.instead() is not None
+    assert record.count == sum(int((Classifier()(*s).abs() > 1).sum()) for s in samples)
+    warnings = [r.getMessage() for r in caplog.records if "saturation" in r.getMessage()]
+    assert any("output 0" in w and "covers them" in w for w in warnings), warnings
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    (entry,) = [e for e in report["saturation"] if e["name"].startswith("output 0")]
+    assert entry["passes"] is False and entry["instead"]
+    assert "**clips**" in (tmp_path / "out" / "report.md").read_text()
+
+
+class WideWarp(torch.nn.Module):
+    """A zeros-padded warp whose grid reaches +-1.5 (sample points outside the image)."""
+
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        return F.grid_sample(image, grid * 1.5, padding_mode="zeros", align_corners=False)
+
+
+def _wide_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(2)
+    image = torch.rand(1, 4, 16, 16, generator=generator) * 2 - 1
+    grid = torch.rand(1, 12, 12, 2, generator=generator) * 2 - 1
+    return image, grid
+
+
+def test_grid_scale_covers_the_calibrated_range(tmp_path: Path) -> None:
+    inputs = _wide_inputs()
+    default = export_model(
+        WideWarp(), inputs, artifacts_root=tmp_path / "default", target="xnnpack", verify=True
+    )
+    (sampler,) = default.report["grid_samplers"]
+    assert sampler["grid"]["scale"] == pytest.approx(2 / 32767)
+    assert _float_db(default) > 35
+    clipped = export_model(
+        WideWarp(), inputs, artifacts_root=tmp_path / "snorm16", target="xnnpack", verify=True,
+        grid_sampler_grid_qspec=snorm16(),
+    )  # fmt: skip
+    (grid,) = [r for r in clipped.saturation if r.name.endswith("grid")]
+    assert not grid.passes() and grid.fraction > 0.2
+    assert _float_db(clipped) < _float_db(default) - 5
+
+
+def test_calibration_files_are_read_and_checked(tmp_path: Path) -> None:
+    from PIL import Image
+
+    example = (torch.zeros(1, 3, 4, 4),)
+    folder = tmp_path / "cal"
+    folder.mkdir()
+    np.save(folder / "a.npy", np.full((1, 3, 4, 4), 0.5, dtype=np.float32))
+    pixels = np.zeros((4, 4, 3), dtype=np.uint8)
+    pixels[0, 0] = (255, 0, 128)
+    Image.fromarray(pixels).save(folder / "b.png")
+    samples = read_calibration(str(folder), example, image_range=(-1.0, 1.0))
+    assert len(samples) == 2 and torch.equal(samples[0][0], torch.full((1, 3, 4, 4), 0.5))
+    assert samples[1][0][0, :, 0, 0].tolist() == pytest.approx(
+        [1.0, -1.0, 128 / 255 * 2 - 1], abs=1e-6
+    )
+    with pytest.raises(CalibrationDataError, match=r"b\.png is an image: give --image-range"):
+        read_calibration(str(folder), example)
+    np.save(folder / "c.npy", np.zeros((1, 3, 5, 5), dtype=np.float32))
+    with pytest.raises(CalibrationDataError, match=r"c\.npy: input 0 is float32 1x3x5x5"):
+        read_calibration(str(folder), example, image_range=(0.0, 1.0))
+    (folder / "c.npy").write_bytes(b"not an array")
+    with pytest.raises(CalibrationDataError, match=r"c\.npy: not a readable \.npy"):
+        read_calibration(str(folder), example, image_range=(0.0, 1.0))
+    two = (torch.zeros(1, 3, 4, 4), torch.zeros(1, 2, 2, 2))
+    torch.save(
+        {"image": torch.ones(1, 3, 4, 4), "grid": torch.zeros(1, 2, 2, 2)}, tmp_path / "s.pt"
+    )
+    (sample,) = read_calibration(str(tmp_path / "*.pt"), two, input_names=["image", "grid"])
+    assert torch.equal(sample[0], torch.ones(1, 3, 4, 4))
+
+
+def test_cli_calibration_and_sampler_qspecs(tmp_path: Path) -> None:
+    from etkit_exporter.export_cli import main
+
+    (tmp_path / "wide_models.py").write_text(
+        "import torch, torch.nn.functional as F\n"
+        "class WideWarp(torch.nn.Module):\n"
+        "    def forward(self, image, grid):\n"
+        "        return F.grid_sample(image, grid * 1.5, align_corners=False)\n"
+        "def make():\n"
+        "    return WideWarp(), (torch.rand(1, 4, 8, 8) * 2 - 1, torch.rand(1, 6, 6, 2) * 2 - 1)\n"
+    )
+    folder = tmp_path / "cal"
+    for k in range(3):
+        (folder / f"s{k}").mkdir(parents=True)
+        np.save(folder / f"s{k}" / "0_image.npy", np.random.rand(1, 4, 8, 8).astype("float32"))
+        np.save(folder / f"s{k}" / "1_grid.npy", np.random.rand(1, 6, 6, 2).astype("float32"))
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        status = main(
+            ["--model", "wide_models:make", "--calibration", str(folder), "--quant-grid", "q1.14",
+             "--target", "xnnpack", "--out", str(tmp_path / "out")]
+        )  # fmt: skip
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert status == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["grid_samplers"][0]["grid"]["scale"] == pytest.approx(2**-14)
+    assert any(e["name"].endswith("grid") for e in report["saturation"])
