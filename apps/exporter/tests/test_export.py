@@ -205,8 +205,6 @@ def test_api_bad_input(tmp_path: Path) -> None:
             model, inputs, artifacts_root=out,
             quantized_input_qspecs=(snorm8(), snorm16()), quantized_output_qspecs=(unorm8(),),
         )  # fmt: skip
-    with pytest.raises(ValueError, match="target='xnnpack'"):
-        export_model(model, inputs, artifacts_root=out, target="vgf", verify=True)
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     for force in (False, True):
@@ -382,3 +380,16 @@ def test_cli_read_only_out_is_a_usage_error(tmp_path: Path) -> None:
     finally:
         if mounted:
             subprocess.run(["umount", str(place)], check=False)
+
+
+def test_stn_vgf_verifies_on_vulkan(tmp_path: Path) -> None:
+    """The VGF program as written, run whole (VGF delegates on lavapipe through scenario_runner,
+    the grid sampler on etkit's kernel), within one int8 step of the quantized model."""
+    model, inputs = DEMOS["stn"]()
+    result = export_model(model, inputs, artifacts_root=tmp_path / "stn", verify=True)
+    assert result.verification is not None and "scenario_runner" in result.verification["runner"]
+    (quantized,) = [
+        c for c in result.verification["comparisons"] if c["reference"] == "quantized PT2E model"
+    ]
+    assert quantized["max_steps"] <= 1 and sum(quantized["steps_histogram"].values()) > 0
+    assert "int8 steps" in (tmp_path / "stn" / "report.md").read_text()

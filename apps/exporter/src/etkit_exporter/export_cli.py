@@ -102,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--verify", action="store_true",
-        help="run the exported program in executorch.runtime and compare (target xnnpack)",
+        help="run the written program and compare it with the float and quantized models "
+        "(xnnpack: executorch.runtime; vgf: etkit's runner, VGF on Vulkan)",
     )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="debug logs of etkit and Arm")
     return parser
@@ -237,12 +238,15 @@ def _summary(result: Any, seconds: float) -> str:
                 f"  {record.name}: {record.qspec}, {100 * record.fraction:.3g} % outside: {verdict}"
             )
     if result.verification:
-        lines.append("verification (executorch.runtime):")
+        runner = result.verification.get("runner", "executorch.runtime")
+        lines.append(f"verification ({runner}):")
         for c in result.verification["comparisons"]:
+            steps = f", {c['max_steps']} steps max" if "max_steps" in c else ""
             lines.append(
                 f"  output {c['output']} vs {c['reference']:<22} max abs error "
                 f"{c['max_abs_error']:.4g}, PSNR "
                 + ("inf (identical)" if c["psnr_db"] is None else f"{c['psnr_db']:.2f} dB")
+                + steps
             )
     lines.append("artifacts:")
     for name in ("model.pte", "io_quant_params.json", "report.json", "report.md", "intermediates"):

@@ -207,7 +207,8 @@ def export_model(
     parameters for anything else, so no default clips. Every fixed-parameter boundary and sampler
     input gets a saturation record (``result.saturation``, report.json/.md, a logged warning past
     0.1 %). ``verify`` (target "xnnpack") runs the program in ``executorch.runtime`` and compares
-    it with the float and the quantized model.
+    it with the float and the quantized model (target "vgf": in ``etkit_exporter.runner``, its VGF
+    delegates run by ``scenario_runner`` on the Vulkan device).
 
     Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``;
     ``etkit_exporter.artifacts.DestinationError``, a ``ValueError``, for an ``artifacts_root``
@@ -219,8 +220,6 @@ def export_model(
     says so) and leaves nothing behind."""
     root = Path(artifacts_root)
     inputs = _check_arguments(model, example_inputs, target)
-    if verify and target != "xnnpack":
-        raise ValueError("verify=True runs the program on the CPU: use target='xnnpack'")
     _check_forward(model.eval(), inputs)
     quant = _QuantOptions(
         enabled=enable_pt2e_quantization,
@@ -402,7 +401,9 @@ def _run(
         from etkit_exporter.verify import verify_program
 
         with stages.stage("verify"):
-            verification = verify_program(work / "model.pte", model, converted, inputs, io_params)
+            verification = verify_program(
+                work / "model.pte", model, converted, inputs, io_params, target=target
+            )
     report = build_report(
         manager.exported_program(),
         target=target,

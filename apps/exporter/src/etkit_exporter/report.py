@@ -216,11 +216,20 @@ def render_markdown(report: dict[str, Any]) -> str:
         else ["(no fixed-range boundary)"]
     )
     if report.get("verification"):
-        lines += ["", "## Verification (executorch.runtime)", ""]
+        runner = report["verification"].get("runner", "executorch.runtime")
+        lines += ["", f"## Verification ({runner})", ""]
         lines += _table(
-            ["output", "vs", "max abs error", "PSNR dB"],
+            ["output", "vs", "max abs error", "PSNR dB", "int8 steps (max; 0/1/2/more)"],
             [
-                [v["output"], v["reference"], f"{v['max_abs_error']:.6g}", _db(v["psnr_db"])]
+                [
+                    v["output"],
+                    v["reference"],
+                    f"{v['max_abs_error']:.6g}",
+                    _db(v["psnr_db"]),
+                    f"{v['max_steps']}; " + "/".join(map(str, v["steps_histogram"].values()))
+                    if "max_steps" in v
+                    else "",
+                ]
                 for v in report["verification"]["comparisons"]
             ],
         )

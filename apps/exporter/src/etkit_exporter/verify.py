@@ -50,35 +50,72 @@ def _outputs(value: object) -> list[torch.Tensor]:
     return [v for v in value if isinstance(v, torch.Tensor)]  # type: ignore[attr-defined]
 
 
+def _run_in_executorch_runtime(pte: Path, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    from executorch.runtime import Runtime
+
+    from etkit_gridsampler import runtime
+
+    runtime.register()
+    failure: RuntimeError | None = None
+    with capture_native_log(echo=logger.isEnabledFor(logging.DEBUG)) as log:
+        try:
+            method = Runtime.get().load_program(pte).load_method("forward")
+            raw = list(method.execute(inputs))
+        except RuntimeError as error:
+            failure = error
+    if failure is not None:
+        said = "; ".join(log.errors[-3:]) or "nothing on its log"
+        raise RuntimeError(f"{failure} (the runtime said: {said})") from failure
+    return raw
+
+
+def _run_in_etkit_runner(pte: Path, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    from etkit_exporter.runner import PteProgram
+
+    result = PteProgram.load(pte, grid_sampler_impl="cpu").run(inputs)
+    for warning in result.warnings:
+        logger.warning("runner: %s", warning)
+    return list(result.outputs)
+
+
+RUNNERS: dict[str, str] = {
+    "vgf": "etkit runner (VGF on scenario_runner, Vulkan)",
+    "xnnpack": "executorch.runtime",
+}
+
+
+def _steps(actual: torch.Tensor, reference: torch.Tensor, entry: dict[str, Any]) -> dict[str, Any]:
+    """How many output quantization steps apart two dequantized outputs are: max and a
+    histogram (0, 1, 2, more)."""
+    steps = ((actual.double() - reference.double()).abs() / entry["scale"]).round().long()
+    histogram = {str(k): int((steps == k).sum()) for k in range(3)}
+    histogram["more"] = int((steps > 2).sum())
+    return {"max_steps": int(steps.max()), "steps_histogram": histogram}
+
+
 def verify_program(
     pte: Path,
     model: torch.nn.Module,
     quantized_model: torch.nn.Module,
     example_inputs: tuple[torch.Tensor, ...],
     io_params: dict[str, Any],
+    target: str = "xnnpack",
 ) -> dict[str, Any]:
-    """Runs ``pte`` (grid-sampler backend registered) on integer inputs made from the example
-    inputs through ``io_params``, dequantizes its outputs and compares each with the float model
-    and with the quantized PT2E model: max abs error and PSNR."""
-    from executorch.runtime import Runtime
-
-    from etkit_gridsampler import runtime
-
-    runtime.register()
+    """Runs the written ``pte`` on integer inputs made from the example inputs through
+    ``io_params`` (an XNNPACK program in ``executorch.runtime``; a VGF program, which that
+    runtime cannot run, in ``etkit_exporter.runner`` with its VGF delegates on the Vulkan device
+    through ``scenario_runner``), dequantizes its outputs and compares each with the float model
+    and with the quantized PT2E model: max abs error and PSNR, and for integer outputs against
+    the quantized model the steps apart (max and histogram)."""
     inputs = [
         _as_program_input(x, entry)
         for x, entry in zip(example_inputs, io_params["inputs"], strict=True)
     ]
-    failure: RuntimeError | None = None
-    with capture_native_log(echo=logger.isEnabledFor(logging.DEBUG)) as log:
-        try:
-            method = Runtime.get().load_program(pte).load_method("forward")
-            raw = method.execute(inputs)
-        except RuntimeError as error:
-            failure = error
-    if failure is not None:
-        said = "; ".join(log.errors[-3:]) or "nothing on its log"
-        raise RuntimeError(f"{failure} (the runtime said: {said})") from failure
+    raw = (
+        _run_in_etkit_runner(pte, inputs)
+        if target == "vgf"
+        else _run_in_executorch_runtime(pte, inputs)
+    )
     actual = [_as_float_output(y, e) for y, e in zip(raw, io_params["outputs"], strict=True)]
     with torch.no_grad():
         references = {
@@ -89,12 +126,14 @@ def verify_program(
     for name, outputs in references.items():
         for index, (y, ref) in enumerate(zip(actual, outputs, strict=True)):
             y = y.contiguous().reshape(ref.shape)
-            comparisons.append(
-                {
-                    "output": index,
-                    "reference": name,
-                    "max_abs_error": float((y - ref).abs().max()),
-                    "psnr_db": psnr(y, ref),
-                }
-            )
-    return {"comparisons": comparisons}
+            comparison = {
+                "output": index,
+                "reference": name,
+                "max_abs_error": float((y - ref).abs().max()),
+                "psnr_db": psnr(y, ref),
+            }
+            entry = io_params["outputs"][index]
+            if name == "quantized PT2E model" and entry["scale"] is not None:
+                comparison.update(_steps(y, ref, entry))
+            comparisons.append(comparison)
+    return {"runner": RUNNERS.get(target, "executorch.runtime"), "comparisons": comparisons}
