@@ -60,7 +60,7 @@ def _files(path: str) -> list[Path]:
     return matches
 
 
-def _read_image(path: Path, image_range: tuple[float, float] | None) -> torch.Tensor:
+def read_image(path: Path, image_range: tuple[float, float] | None) -> torch.Tensor:
     from PIL import Image, UnidentifiedImageError
 
     if image_range is None:
@@ -81,7 +81,7 @@ def _read_image(path: Path, image_range: tuple[float, float] | None) -> torch.Te
     return values * ((high - low) / 255.0) + low
 
 
-def _read_array(path: Path) -> torch.Tensor:
+def read_array(path: Path) -> torch.Tensor:
     try:
         array = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as error:
@@ -117,9 +117,9 @@ def _read_sample_file(path: Path, names: Sequence[str]) -> tuple[torch.Tensor, .
 def _read_one(path: Path, image_range: tuple[float, float] | None) -> torch.Tensor:
     suffix = path.suffix.lower()
     if suffix in IMAGE_SUFFIXES:
-        return _read_image(path, image_range)
+        return read_image(path, image_range)
     if suffix in ARRAY_SUFFIXES:
-        return _read_array(path)
+        return read_array(path)
     raise CalibrationDataError(f"{path}: one input's value must be .npy or an image")
 
 

@@ -7,6 +7,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 from etkit_exporter import doctor
 
@@ -30,7 +31,47 @@ def _parser() -> argparse.ArgumentParser:
         metavar="COMPONENT",
         help="run only this check (repeatable): " + ", ".join(n for n, _ in doctor.CHECKS),
     )
+    run = commands.add_parser(
+        "run",
+        help="run an etkit export (.pte) on input files and write its outputs",
+        description="Runs MODEL.pte in etkit's runner (VGF delegates on the Vulkan device "
+        "through scenario_runner, the grid sampler on etkit's kernels) on --input files (.npy, "
+        ".pt, .png, .jpg; float values of quantized inputs are quantized with the parameters in "
+        "io_quant_params.json beside the program) and writes output_K.npy and, for image-like "
+        "outputs, output_K.png into --out. Exit status 0 run, 2 bad input.",
+    )
+    run.add_argument("pte", type=Path, metavar="MODEL.pte")
+    run.add_argument("--input", action="append", type=Path, default=[], metavar="FILE",
+                     help="one per program input, in order")  # fmt: skip
+    run.add_argument("--out", type=Path, default=Path("run-outputs"), metavar="DIR")
+    run.add_argument("--backend-impl", choices=("cpu", "vulkan"), default="cpu",
+                     help="the grid sampler's implementation")  # fmt: skip
+    run.add_argument("--image-range", default="-1,1", metavar="LOW,HIGH",
+                     help="value range of images read and written (default -1,1)")  # fmt: skip
     return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from etkit_exporter.calibration_data import CalibrationDataError, parse_image_range
+    from etkit_exporter.run_cli import RunUsageError, run_export
+
+    try:
+        summary = run_export(
+            args.pte,
+            args.input,
+            args.out,
+            backend_impl=args.backend_impl,
+            image_range=parse_image_range(args.image_range),
+        )
+    except (RunUsageError, CalibrationDataError) as error:
+        print(f"etkit run: {error}", file=sys.stderr)
+        return 2
+    for backend, implementation, seconds in summary["delegate_calls"]:
+        print(f"  {backend:<20} {implementation:<34} {1000 * seconds:9.2f} ms")
+    for warning in summary["warnings"]:
+        print(f"  warning: {warning}")
+    print(f"ran in {summary['seconds']:.2f} s; wrote {', '.join(summary['outputs'])} to {args.out}")
+    return 0
 
 
 def quiet_third_party_noise() -> None:
@@ -52,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = doctor.run_checks(args.only)
         doctor.print_results(results, sys.stdout)
         return 0 if all(r.ok for r in results) else 1
+    if args.command == "run":
+        return _run(args)
     return 2  # unreachable: argparse requires a command
 
 

@@ -1,0 +1,152 @@
+"""``etkit run MODEL.pte``: run an etkit export on inputs from files, write its outputs.
+
+Inputs (``--input FILE``, once per program input, in order) are ``.npy``/``.pt`` tensors or
+images (``.png``/``.jpg``, read as 1 x C x H x W and mapped from [0, 255] to ``--image-range``);
+a float input of a quantized program input is quantized with that input's parameters from the
+``io_quant_params.json`` beside the program, an integer one is taken as it is. Outputs go to
+``--out`` as ``output_K.npy`` (as the program returns them) and, for image-like outputs (4-D with
+1, 3 or 4 channels), ``output_K.png`` (dequantized, mapped from ``--image-range`` to 8 bits for
+viewing). Everything is read and checked before the program runs; nothing is written unless the
+run succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_INTEGER_DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16}
+
+
+class RunUsageError(ValueError):
+    """A mistake in what ``etkit run`` was given; the message names it."""
+
+
+def _read_input(path: Path, image_range: tuple[float, float]) -> torch.Tensor:
+    from etkit_exporter.calibration_data import (
+        IMAGE_SUFFIXES,
+        CalibrationDataError,
+        read_array,
+        read_image,
+    )
+
+    if not path.is_file():
+        raise RunUsageError(f"--input {path}: no such file")
+    suffix = path.suffix.lower()
+    try:
+        if suffix in IMAGE_SUFFIXES:
+            return read_image(path, image_range)
+        if suffix == ".npy":
+            return read_array(path)
+        if suffix == ".pt":
+            value = torch.load(path, map_location="cpu", weights_only=True)
+            if isinstance(value, torch.Tensor):
+                return value
+            raise RunUsageError(f"--input {path}: holds a {type(value).__name__}, not a tensor")
+    except CalibrationDataError as error:
+        raise RunUsageError(str(error)) from error
+    except RunUsageError:
+        raise
+    except Exception as error:
+        raise RunUsageError(f"--input {path}: not readable ({error})") from error
+    raise RunUsageError(f"--input {path}: expected .npy, .pt, .png or .jpg")
+
+
+def program_input(value: torch.Tensor, entry: dict[str, Any], source: str) -> torch.Tensor:
+    """``value`` as the program takes input ``entry`` (from io_quant_params.json): a float value
+    of a quantized input is quantized with its parameters; the layout follows its dim order."""
+    if entry.get("scale") is not None and value.dtype.is_floating_point:
+        quantized = torch.round(value.double() / entry["scale"]) + entry["zero_point"]
+        value = quantized.clamp(entry["quant_min"], entry["quant_max"]).to(
+            _INTEGER_DTYPES[entry["dtype"]]
+        )
+    elif value.dtype == torch.float64:
+        value = value.float()
+    if list(value.shape) != entry.get("shape", list(value.shape)):
+        raise RunUsageError(
+            f"{source}: shape {list(value.shape)}, but input {entry['index']} ({entry['name']}) "
+            f"takes {entry['shape']}"
+        )
+    if entry.get("dim_order") == [0, 2, 3, 1]:
+        return value.contiguous(memory_format=torch.channels_last)
+    return value.contiguous()
+
+
+def _as_float(value: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
+    if entry.get("scale") is None:
+        return value.float()
+    result: torch.Tensor = (value.float() - entry["zero_point"]) * float(entry["scale"])
+    return result
+
+
+def _write_png(path: Path, value: torch.Tensor, image_range: tuple[float, float]) -> None:
+    from PIL import Image
+
+    low, high = image_range
+    pixels = ((value[0].permute(1, 2, 0) - low) / (high - low) * 255).round().clamp(0, 255)
+    array = pixels.to(torch.uint8).numpy()
+    mode = {1: "L", 3: "RGB", 4: "RGBA"}[array.shape[2]]
+    Image.fromarray(array[:, :, 0] if mode == "L" else array, mode=mode).save(path)
+
+
+def run_export(
+    pte: Path,
+    inputs: list[Path],
+    out: Path,
+    *,
+    backend_impl: str = "cpu",
+    image_range: tuple[float, float] = (-1.0, 1.0),
+) -> dict[str, Any]:
+    """Runs ``pte`` on the files ``inputs`` and writes its outputs into ``out`` (a new or empty
+    folder). Returns a summary: outputs written, seconds per delegate call, total seconds."""
+    from etkit_exporter.runner import PteError, PteProgram
+
+    if not pte.is_file():
+        raise RunUsageError(f"{pte}: no such program file")
+    params_path = pte.with_name("io_quant_params.json")
+    params = json.loads(params_path.read_text()) if params_path.is_file() else None
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RunUsageError(f"--out {out} exists and is not an empty folder; choose another")
+    try:
+        program = PteProgram.load(pte, grid_sampler_impl=backend_impl)  # type: ignore[arg-type]
+        program.check()
+    except PteError as error:
+        raise RunUsageError(f"{pte}: {error}") from error
+    entries = (
+        params["inputs"]
+        if params
+        else [{"index": k, "name": f"input {k}"} for k in range(len(inputs))]
+    )
+    if len(inputs) != len(entries):
+        raise RunUsageError(f"{pte} takes {len(entries)} inputs; {len(inputs)} --input given")
+    values = [
+        program_input(_read_input(path, image_range), entry, str(path))
+        for path, entry in zip(inputs, entries, strict=True)
+    ]
+    try:
+        result = program.run(values)
+    except PteError as error:
+        raise RunUsageError(f"{pte}: {error}") from error
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    for k, value in enumerate(result.outputs):
+        if not isinstance(value, torch.Tensor):
+            continue
+        np.save(out / f"output_{k}.npy", value.contiguous().numpy())
+        written.append(f"output_{k}.npy")
+        entry = params["outputs"][k] if params else {"scale": None}
+        if value.dim() == 4 and value.shape[1] in (1, 3, 4):
+            _write_png(out / f"output_{k}.png", _as_float(value, entry), image_range)
+            written.append(f"output_{k}.png")
+    return {
+        "outputs": written,
+        "seconds": result.seconds,
+        "delegate_calls": [
+            (call.backend_id, call.implementation, call.seconds) for call in result.delegate_calls
+        ],
+        "warnings": list(result.warnings),
+    }
