@@ -72,13 +72,15 @@ else
   say "Python packages up to date"
 fi
 
-# 4. The main job: check the toolchain, export the flow-warp demo for VGF, and export it for
-#    XNNPACK and verify that program in executorch.runtime against the PyTorch models.
+# 4. The main job: check the toolchain, export the flow-warp demo for VGF and verify the written
+#    program on Vulkan (etkit's runner, VGF on scenario_runner), and export it for XNNPACK and
+#    verify that program in executorch.runtime, both against the PyTorch models.
 if ((run_main_job)); then
   say "running: etkit doctor"
   "$venv/bin/etkit" doctor
-  say "running: etkit-export demo flow-warp --target vgf"
-  "$venv/bin/etkit-export" demo flow-warp --target vgf --out "$root/artifacts/flow-warp-vgf" --force
+  say "running: etkit-export demo flow-warp --target vgf --verify"
+  "$venv/bin/etkit-export" demo flow-warp --target vgf --verify \
+    --out "$root/artifacts/flow-warp-vgf" --force
   say "running: etkit-export demo flow-warp --target xnnpack --verify"
   "$venv/bin/etkit-export" demo flow-warp --target xnnpack --verify \
     --out "$root/artifacts/flow-warp-xnnpack" --force
