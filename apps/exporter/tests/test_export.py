@@ -16,7 +16,7 @@ import torch
 from etkit_exporter import ExportError, export_model
 from etkit_exporter.artifacts import DestinationError
 from etkit_exporter.demos import DEMOS
-from etkit_quant import snorm8, snorm16, unorm8
+from etkit_quant import snorm8, snorm16
 
 SNORM8_SCALE = float(torch.tensor(1 / 127))
 
@@ -174,13 +174,13 @@ def test_cli_user_model_with_qspecs_and_float(tmp_path: Path) -> None:
     )
     done = _run_cli(
         "--model", "user_models:make", "--input-shape", "1x4x16x16", "--input-shape", "1x8x8x2",
-        "--quant-input", "unorm8", "--quant-input", "snorm16", "--quant-output", "float",
+        "--quant-input", "snorm8", "--quant-input", "snorm16", "--quant-output", "float",
         "--target", "xnnpack", "--out", "user", "--verify",
         cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     io = json.loads((tmp_path / "user" / "io_quant_params.json").read_text())
-    assert [e["texture"]["format"] for e in io["inputs"]] == ["R8_UNORM", "R16_SNORM"]
+    assert [e["texture"]["format"] for e in io["inputs"]] == ["R8_SNORM", "R16_SNORM"]
     assert io["outputs"][0]["scale"] is None and io["outputs"][0]["dtype"] == "float32"
 
 
@@ -203,7 +203,7 @@ def test_api_bad_input(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="output_qspecs has 1 entries but the model has 2"):
         export_model(
             model, inputs, artifacts_root=out,
-            quantized_input_qspecs=(snorm8(), snorm16()), quantized_output_qspecs=(unorm8(),),
+            quantized_input_qspecs=(snorm8(), snorm16()), quantized_output_qspecs=(snorm8(),),
         )  # fmt: skip
     out.mkdir()
     (out / "keep.txt").write_text("mine")
@@ -327,6 +327,7 @@ def warp():
         (["demo", "--quant-input", "q0.32"], 2, "a Q-format fits a sign bit and at most 15"),
         (["demo", "--quant-input", "q99999999999999999999.1"], 2, "is out of range"),
         (["demo", "--input-shape", "1x3x8x8"], 2, "--input-shape applies to --model only"),
+        (["demo", "--quant-output", "unorm8"], 2, "output 0 asks for uint8 (unorm8)"),
         (["demo", "--no-quant", "--quant-output", "snorm8"], 2, "no effect with --no-quant"),
     ],
 )  # fmt: skip

@@ -26,7 +26,7 @@ EXAMPLES = """examples:
   etkit-export demo stn --target xnnpack --verify
   etkit-export --model mypkg.models:make_warp --input-shape 1x3x256x256 --input-shape 1x3x256x256 \\
                --quant-input snorm8 --quant-input snorm8 --quant-output snorm8 --out out/warp
-  etkit-export demo resample --quant-input unorm8 --quant-input snorm16 \\
+  etkit-export demo resample --quant-input snorm8 --quant-input snorm16 \\
                --quant-output q0.7 --quant-output float --force
   etkit-export --model mypkg.models:make_warp --calibration frames/ --image-range -1,1 \\
                --quant-grid q1.14
@@ -37,7 +37,8 @@ in [-1, 1], a power-of-two int16 scale covering wider grids, observed int8 other
 range is checked against the calibration data: the share outside it is reported (saturation),
 with a warning past 0.1 %.
 
-qspecs: snorm8 (int8, 1/127), snorm16 (int16, 1/32767), unorm8 (uint8, 1/255), qM.N (a Q-format:
+qspecs: snorm8 (int8, 1/127), snorm16 (int16, 1/32767), unorm8 (uint8, 1/255: refused for now,
+ExecuTorch 1.5.1 computes uint8 wrongly in XNNPACK and cannot lower it for VGF), qM.N (a Q-format:
 M integer and N fraction bits, 8 bits when M+N < 8, else 16), float (leave that input/output float).
 exit status: 0 exported, 1 the export failed, 2 usage error (each with a one-line reason on stderr).
 """

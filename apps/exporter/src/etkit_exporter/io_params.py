@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import logging
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 
 from etkit_partition import user_input_nodes, user_output_nodes
+
+logger = logging.getLogger(__name__)
 
 # Normalized-texture formats an engine can alias a quantized tensor as: (dtype, scale, zero
 # point, min, max) -> (format, how a texel reads).
@@ -43,10 +47,22 @@ def texture_view(entry: dict[str, Any]) -> dict[str, str] | None:
     return None
 
 
+def _dim_order(node: torch.fx.Node, value: torch.Tensor) -> list[int]:
+    """The dim order a node's tensor is serialized with: its tensor spec's (made by
+    ``to_executorch``, what the emitter writes) where it has one, else its fake tensor's (which
+    ``etkit_layout.pin_delegate_layouts`` makes the one ``to_executorch`` will compute)."""
+    spec = node.meta.get("spec")
+    order = getattr(spec, "dim_order", None)
+    if order is not None and len(order) == value.dim():
+        return [int(d) for d in order]
+    return [int(d) for d in value.dim_order()]
+
+
 def io_table(program: ExportedProgram, extracted: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Per input and output: name, index, shape, dim order, dtype, and for quantized ones scale,
     zero point, range and the texture view. ``extracted`` is what ``extract_io_quant_params``
-    returned."""
+    returned. The dim orders are the program's (see ``_dim_order``); ``with_pte_layouts`` puts
+    in the ones a serialized program really has."""
     table: dict[str, Any] = {"inputs": [], "outputs": []}
     # extract_io_quant_params names input k after the k-th placeholder of the whole graph,
     # lifted constants included: key the entries by index instead.
@@ -65,7 +81,7 @@ def io_table(program: ExportedProgram, extracted: dict[str, dict[str, Any]]) -> 
             entry: dict[str, Any] = {"name": node.name, "index": index}
             if isinstance(value, torch.Tensor):
                 entry["shape"] = list(value.shape)
-                entry["dim_order"] = list(value.dim_order())
+                entry["dim_order"] = _dim_order(node, value)
                 entry["dtype"] = _dtype_name(value.dtype)
             params = by_index[kind].get(index)
             if params is None:
@@ -81,3 +97,66 @@ def io_table(program: ExportedProgram, extracted: dict[str, dict[str, Any]]) -> 
             entry["texture"] = texture_view(entry)
             table[kind].append(entry)
     return table
+
+
+def pte_io_layouts(pte: bytes, method: str = "forward") -> dict[str, list[dict[str, Any] | None]]:
+    """The shape and dim order of each input and output of ``method`` in a serialized program
+    (``.pte`` bytes), as the runtime lays them out: ``{"inputs": [{"shape", "dim_order"} or
+    None for a value that is not a tensor], "outputs": [...]}``."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    plans = deserialize_pte_binary(pte).program.execution_plan
+    plan = next((p for p in plans if p.name == method), None)
+    if plan is None:
+        names = ", ".join(p.name for p in plans)
+        raise ValueError(f"the program has no method {method!r}; its methods: {names}")
+
+    def layout(index: int) -> dict[str, Any] | None:
+        tensor = plan.values[index].val
+        if not hasattr(tensor, "dim_order") or not hasattr(tensor, "sizes"):
+            return None
+        return {
+            "shape": [int(s) for s in tensor.sizes],
+            "dim_order": [int(d) for d in tensor.dim_order],
+        }
+
+    return {
+        "inputs": [layout(i) for i in plan.inputs],
+        "outputs": [layout(i) for i in plan.outputs],
+    }
+
+
+def with_pte_layouts(table: dict[str, Any], pte: bytes) -> dict[str, Any]:
+    """``table`` (from ``io_table``) with each input's and output's dim order read from the
+    serialized program ``pte``, the layout a caller must give and will receive. A dim order that
+    differs from the table's is logged as a warning (the program's metadata and its
+    serialization disagree: a layout was lost on the way). Raises ``ValueError`` when the
+    serialized forward method has other inputs or outputs (number or shapes) than the table."""
+    layouts = pte_io_layouts(pte)
+    result = copy.deepcopy(table)
+    for kind in ("inputs", "outputs"):
+        entries, found = result[kind], layouts[kind]
+        if len(entries) != len(found):
+            raise ValueError(
+                f"the serialized program has {len(found)} {kind}, the IO table {len(entries)}"
+            )
+        for entry, layout in zip(entries, found, strict=True):
+            if layout is None or "shape" not in entry:
+                continue
+            if layout["shape"] != entry["shape"]:
+                raise ValueError(
+                    f"{kind[:-1]} {entry['index']} ({entry['name']}) is {layout['shape']} in the "
+                    f"serialized program, {entry['shape']} in the IO table"
+                )
+            if layout["dim_order"] != entry["dim_order"]:
+                logger.warning(
+                    "%s %d (%s): the program's metadata says dim order %s, the serialized "
+                    "program has %s; reporting the serialized one",
+                    kind[:-1],
+                    entry["index"],
+                    entry["name"],
+                    entry["dim_order"],
+                    layout["dim_order"],
+                )
+                entry["dim_order"] = layout["dim_order"]
+    return result

@@ -231,6 +231,8 @@ def export_model(
         samples=tuple(check_calibration(calibration, inputs)),
         on_sample=on_calibration_sample,
     )
+    if quant.enabled:
+        _refuse_unsigned(quant)
     destination = check_destination(root, force)
     for note in destination.notes:
         logger.warning("%s", note)
@@ -458,6 +460,32 @@ def _check_qspec_list(
     if isinstance(qspecs, QuantizationSpec) or not isinstance(qspecs, Sequence):
         raise TypeError(f"{what} must be a sequence of qspecs (or None), one per boundary")
     return tuple(qspecs)
+
+
+def _refuse_unsigned(quant: _QuantOptions) -> None:
+    """uint8 (UNORM8) qspecs are refused: ExecuTorch 1.5.1's XNNPACK serializer writes every
+    8-bit per-tensor type as qint8 (UNORM8 values past 127 are clipped, silently), its VGF
+    lowering has no uint8 PAD or boundaries, and the grid-sampler blob holds int8 and int16."""
+    named = [
+        *(("input", k, q) for k, q in enumerate(quant.inputs or ())),
+        *(("output", k, q) for k, q in enumerate(quant.outputs or ())),
+        *(
+            (f"grid sampler {role}", None, q)
+            for role, q in (
+                ("image", quant.sampler_image),
+                ("grid", quant.sampler_grid),
+                ("output", quant.sampler_output),
+            )
+        ),
+    ]
+    for what, index, qspec in named:
+        if isinstance(qspec, QuantizationSpec) and qspec.dtype == torch.uint8:
+            where = what if index is None else f"{what} {index}"
+            raise ValueError(
+                f"{where} asks for uint8 (unorm8): ExecuTorch 1.5.1 computes uint8 tensors wrongly "
+                "in XNNPACK and cannot lower them for VGF; use snorm8 (an image in [0, 1] keeps "
+                "128 levels) or leave it to the calibrated default"
+            )
 
 
 def _boundary_quantizer(
