@@ -162,3 +162,154 @@ def float_region(start: Node) -> set[Node]:
 
 def grid_sample_nodes(gm: GraphModule) -> list[Node]:
     return call_nodes(gm, is_grid_sampler)
+
+
+# -- values that cross a grid sampler; flows iterated and shared; correlation lookups -----------
+
+
+def coords_grid(height: int, width: int) -> torch.Tensor:
+    """Pixel coordinates (x, y), N x 2 x H x W, as RAFT and RIFE compute them in the model."""
+    ys, xs = torch.meshgrid(
+        torch.arange(height).float(), torch.arange(width).float(), indexing="ij"
+    )
+    return torch.stack([xs, ys], 0).unsqueeze(0)
+
+
+def pixels_to_grid(coords: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """N x 2 x H x W pixel coordinates to an align_corners=True grid: 2 * x / (W - 1) - 1."""
+    x, y = coords.permute(0, 2, 3, 1).split([1, 1], dim=-1)
+    return torch.cat([2 * x / (width - 1) - 1, 2 * y / (height - 1) - 1], dim=-1)
+
+
+class MaskedBlend(torch.nn.Module):
+    """One head predicts the flow and a blend mask: ``warp(frame0) * mask + frame1 * (1 -
+    mask)``; the mask is computed before the grid sampler and consumed after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Conv2d(6, 3, 3, padding=1)
+
+    def forward(self, frame0: torch.Tensor, frame1: torch.Tensor) -> torch.Tensor:
+        _, _, height, width = frame0.shape
+        head = self.head(torch.cat([frame0, frame1], 1))
+        grid = pixels_to_grid(coords_grid(height, width) + head[:, :2], height, width)
+        mask = torch.sigmoid(head[:, 2:3])
+        warped = F.grid_sample(frame0, grid, padding_mode="border", align_corners=True)
+        return warped * mask + frame1 * (1 - mask)
+
+
+class WarpConcatFeatures(torch.nn.Module):
+    """Features warped by a flow predicted from them, concatenated with the features as they
+    were before the grid sampler, fused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.flow = torch.nn.Conv2d(8, 2, 3, padding=1)
+        self.fuse = torch.nn.Conv2d(16, 3, 1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        _, _, height, width = image.shape
+        features = torch.relu(self.features(image))
+        grid = pixels_to_grid(coords_grid(height, width) + self.flow(features), height, width)
+        warped = F.grid_sample(features, grid, align_corners=True)
+        return self.fuse(torch.cat([warped, features], 1))
+
+
+class ResidualWarp(torch.nn.Module):
+    """``refined + grid_sample(refined, grid)``: the pre-sampler image added after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refine = torch.nn.Conv2d(3, 3, 3, padding=1)
+        self.flow = torch.nn.Conv2d(3, 2, 3, padding=1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        _, _, height, width = image.shape
+        refined = self.refine(image)
+        grid = pixels_to_grid(coords_grid(height, width) + self.flow(refined), height, width)
+        return refined + F.grid_sample(refined, grid, align_corners=True)
+
+
+class IterativeFlow(torch.nn.Module):
+    """RAFT's update loop in small: the flow starts at zero, each iteration samples the frame at
+    ``coords + flow`` and adds an update computed from the sample and the flow, so the flow
+    feeds a grid, the next update and the next flow at once."""
+
+    def __init__(self, iterations: int = 2) -> None:
+        super().__init__()
+        self.iterations = iterations
+        self.update = torch.nn.Conv2d(3 + 2, 2, 3, padding=1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        n, _, height, width = image.shape
+        coords = coords_grid(height, width)
+        flow = torch.zeros(n, 2, height, width)
+        for _ in range(self.iterations):
+            sampled = F.grid_sample(
+                image, pixels_to_grid(coords + flow, height, width), align_corners=True
+            )
+            flow = flow + self.update(torch.cat([sampled, flow], 1))
+        return flow
+
+
+class CorrelationLookup(torch.nn.Module):
+    """RAFT's ``CorrBlock`` in small: one encoder applied to both frames (shared weights), the
+    all-pairs correlation volume as a batch of h*w one-channel maps, average-pooled into a
+    pyramid, each level sampled (align_corners=True) at coords + predicted flow + a (2r+1)^2
+    window normalized by 2 * x / (W - 1) - 1 (reaching past [-1, 1]), the levels concatenated
+    and read by a head. Outputs: the head's result and the flow."""
+
+    def __init__(self, levels: int = 2, radius: int = 1, dim: int = 8) -> None:
+        super().__init__()
+        self.levels, self.radius = levels, radius
+        self.encoder = torch.nn.Conv2d(3, dim, 3, stride=2, padding=1)
+        self.flow = torch.nn.Conv2d(dim, 2, 3, padding=1)
+        self.head = torch.nn.Conv2d(levels * (2 * radius + 1) ** 2, 4, 1)
+
+    def forward(
+        self, frame0: torch.Tensor, frame1: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        features0, features1 = self.encoder(frame0), self.encoder(frame1)
+        n, c, h, w = features0.shape
+        volume = torch.matmul(
+            features0.view(n, c, h * w).transpose(1, 2), features1.view(n, c, h * w)
+        ) / (c**0.5)
+        pyramid = [volume.reshape(n * h * w, 1, h, w)]
+        for _ in range(self.levels - 1):
+            pyramid.append(F.avg_pool2d(pyramid[-1], 2, stride=2))
+        flow = self.flow(features0)
+        centre = (coords_grid(h, w) + flow).permute(0, 2, 3, 1).reshape(n * h * w, 1, 1, 2)
+        r = self.radius
+        steps = torch.linspace(-r, r, 2 * r + 1)
+        window = torch.stack(torch.meshgrid(steps, steps, indexing="ij"), -1).flip(-1)
+        looked_up = []
+        for level, volume_level in enumerate(pyramid):
+            xy = centre / 2**level + window.view(1, 2 * r + 1, 2 * r + 1, 2)
+            height, width = volume_level.shape[-2:]
+            x, y = xy.split([1, 1], dim=-1)
+            grid = torch.cat([2 * x / (width - 1) - 1, 2 * y / (height - 1) - 1], dim=-1)
+            sampled = F.grid_sample(volume_level, grid, align_corners=True)
+            looked_up.append(sampled.view(n, h, w, -1))
+        correlation = torch.cat(looked_up, dim=-1).permute(0, 3, 1, 2)
+        return self.head(correlation), flow
+
+
+def mixed_quantized_inputs(gm: GraphModule) -> list[str]:
+    """Ops the Arm backend will lower as quantized (``ArmAnnotationInfo``) whose tensor inputs
+    mix dequantized integers and plain floats: what its lowering cannot rescale ("Expected two
+    input qparams")."""
+    mixed = []
+    for node in call_nodes(gm, lambda n: not (is_quantize(n) or is_dequantize(n))):
+        info = node.meta.get("custom", {}).get("_arm_annotation_info")
+        if not info or not info["quantized"]:
+            continue
+        tensors = [
+            a
+            for a in node.all_input_nodes
+            if a.op != "get_attr" and isinstance(a.meta.get("val"), torch.Tensor)
+        ]
+        dequantized = [is_dequantize(a) for a in tensors]
+        if any(dequantized) and not all(dequantized):
+            mixed.append(node.name)
+    return mixed

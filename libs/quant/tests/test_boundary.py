@@ -7,21 +7,29 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+import torch.nn.functional as F
 from executorch.backends.arm.quantizer import VgfQuantizer, get_symmetric_quantization_config
 from executorch.backends.arm.vgf import VgfCompileSpec
 from quant_models import (
     ChainedSamplers,
+    CorrelationLookup,
     FlowWarp,
     GridFromInput,
+    IterativeFlow,
     ManyInputsOutputs,
+    MaskedBlend,
     NoGridSampler,
+    ResidualWarp,
     SharedProducer,
     SpatialTransformer,
     TwoSamplersOneImage,
+    WarpConcatFeatures,
     call_nodes,
     f32,
     float_region,
     grid_sample_nodes,
+    mixed_quantized_inputs,
+    pixel_grid,
     qparams_of,
     rand,
 )
@@ -287,3 +295,153 @@ def test_quantize_bad_arguments() -> None:
         quantize(NoGridSampler(), (3.0,), quantizer)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="quantizer must be a torchao PT2E Quantizer"):
         quantize(NoGridSampler(), (rand(1, 3, 8, 8),), "vgf")  # type: ignore[arg-type]
+
+
+# -- values crossing grid samplers, shared weights, tied inputs, other integer types ----------
+
+
+def xnnpack_base() -> object:
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+    )
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        get_symmetric_quantization_config as xnnpack_config,
+    )
+
+    return XNNPACKQuantizer().set_global(xnnpack_config())
+
+
+def run_on(
+    base: object,
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    input_qspecs: Sequence[QuantizationSpec | None] | None = None,
+    output_qspecs: Sequence[QuantizationSpec | None] | None = None,
+) -> GraphModule:
+    outputs = model.eval()(*inputs)
+    count = len(outputs) if isinstance(outputs, tuple) else 1
+    quantizer = BoundaryQuantizer(
+        base,  # type: ignore[arg-type]
+        input_qspecs=input_qspecs or (snorm8(),) * len(inputs),
+        output_qspecs=output_qspecs or (None,) * count,
+    )
+    return quantize(model, inputs, quantizer)
+
+
+CROSSING = {
+    "mask-multiply": (MaskedBlend, 2),
+    "concat-with-pre-sampler-features": (WarpConcatFeatures, 1),
+    "residual-add": (ResidualWarp, 1),
+    "iterated-flow": (IterativeFlow, 1),
+    "correlation-lookup": (CorrelationLookup, 2),
+    "shared-producer": (SharedProducer, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(CROSSING))
+def test_no_quantized_op_reads_both_integers_and_floats(name: str) -> None:
+    """The grid-position subgraph runs in float and its producers stay quantized: every op the
+    Arm backend lowers as quantized reads only dequantized inputs."""
+    make, count = CROSSING[name]
+    inputs = tuple(rand(1, 3, 16, 16) for _ in range(count))
+    gm = run_on(vgf_base(), make(), inputs)
+    assert grid_sample_nodes(gm)
+    assert mixed_quantized_inputs(gm) == []
+
+
+def _convs(gm: GraphModule) -> list[Node]:
+    return call_nodes(gm, lambda n: n.target == torch.ops.aten.conv2d.default)
+
+
+def test_every_op_reading_a_shared_weight_is_quantized_with_xnnpack() -> None:
+    """XNNPACK's quantizer annotates only the first op reading a weight; the encoder applied to
+    both frames must be quantized twice, each conv with its own weight and bias."""
+    gm = run_on(xnnpack_base(), CorrelationLookup(), (rand(1, 3, 16, 16), rand(1, 3, 16, 16)))
+    encoders = [c for c in _convs(gm) if c.meta["val"].shape[1] == 8]
+    assert len(encoders) == 2
+    for conv in encoders:
+        assert is_dequantize(conv.args[0]) and is_dequantize(conv.args[1]), conv.name
+    biases = [c.args[2] for c in encoders]
+    assert biases[0] is not biases[1]
+
+
+def _concatenations(gm: GraphModule) -> list[Node]:
+    """The quantized ``cat`` nodes (every input dequantized)."""
+    cats = call_nodes(gm, lambda n: n.target == torch.ops.aten.cat.default)
+    return [n for n in cats if all(is_dequantize(a) for a in n.all_input_nodes)]
+
+
+class OneConvTwoUses(torch.nn.Module):
+    """The same conv predicts a flow (grid positions: float) and features (quantized)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 2, 3, padding=1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        flow = self.conv(image).permute(0, 2, 3, 1) * 0.1
+        warped = F.grid_sample(image, pixel_grid(16, 16) + flow, align_corners=False)
+        return torch.cat([warped[:, :2], self.conv(image)], 1)
+
+
+def test_a_float_op_does_not_share_parameters_with_a_quantized_one() -> None:
+    """XNNPACK serializes a shared bias once, for the first op reading it."""
+    gm = run_on(xnnpack_base(), OneConvTwoUses(), (rand(1, 3, 16, 16),))
+    quantized, floated = sorted(_convs(gm), key=lambda c: is_dequantize(c.args[1]), reverse=True)
+    assert is_dequantize(quantized.args[1]) and not is_dequantize(floated.args[1])
+    bias_targets = {c.args[2].target for c in (quantized, floated)}  # type: ignore[union-attr]
+    assert len(bias_targets) == 2
+
+
+@pytest.mark.parametrize("base", [vgf_base, xnnpack_base])
+def test_a_sampler_output_concatenated_with_features_shares_one_scale(base: object) -> None:
+    """The base reads all inputs of a ``cat`` with one scale: the grid sampler's SNORM8 output
+    does not override that for its own input (XNNPACK then failed to load the concatenation:
+    "Failed to create cat2 node", error 0x1)."""
+    gm = run_on(base(), WarpConcatFeatures(), (rand(1, 3, 16, 16),))  # type: ignore[operator]
+    (cat,) = _concatenations(gm)
+    (out,) = cat.users
+    params = {qparams_of(d) for d in cat.args[0]} | {qparams_of(out)}  # type: ignore[union-attr]
+    assert len(params) == 1, params
+    if base is xnnpack_base:
+        assert params != {SNORM8}  # observed: the features' range, not clipped to [-1, 1]
+
+
+@pytest.mark.parametrize("base", [vgf_base, xnnpack_base])
+def test_sampler_outputs_reshaped_and_concatenated_stay_snorm8(base: object) -> None:
+    gm = run_on(base(), CorrelationLookup(), (rand(1, 3, 16, 16), rand(1, 3, 16, 16)))  # type: ignore[operator]
+    for sampler in grid_sample_nodes(gm):
+        node = next(iter(sampler.users))
+        while node.target != torch.ops.aten.cat.default:  # quantize, dequantize, view, ...
+            if is_quantize(node) or is_dequantize(node):
+                assert qparams_of(node) == SNORM8, node.name
+            node = next(iter(node.users))
+    (cat,) = _concatenations(gm)
+    assert qparams_of(next(iter(cat.users))) == SNORM8
+
+
+def test_a_float_output_is_computed_in_float() -> None:
+    """``None`` for an output whose op the base quantized: the op computes in float (Arm
+    cannot lower an op with integer inputs and a float output)."""
+    gm = run(GridFromInput(3), (rand(1, 3, 8, 8), rand(1, 6, 5, 2)), (snorm8(), None), (None,))
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    (conv,) = output.args[0]  # type: ignore[misc]
+    assert is_dequantize(conv.args[0])  # reads the grid sampler's output
+    assert not is_dequantize(conv.args[1])  # float weights
+    assert conv.meta["custom"]["_arm_annotation_info"] == {"quantized": False}
+    assert mixed_quantized_inputs(gm) == []
+
+
+@pytest.mark.parametrize("base", [vgf_base, xnnpack_base])
+def test_uint8_boundaries_are_requantized_for_int8_ops(base: object) -> None:
+    """A UNORM8 input feeds int8 ops through a requantize (Arm: no uint8 PAD, XNNPACK: wrong
+    results); with XNNPACK a UNORM8 output is requantized from the op's int8 too."""
+    gm = run_on(base(), NoGridSampler(), (rand(1, 3, 8, 8, low=0),), (unorm8(),), (unorm8(),))  # type: ignore[operator]
+    first_conv = _convs(gm)[0]
+    assert qparams_of(first_conv.args[0])[4] == torch.int8  # type: ignore[arg-type]
+    placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    (quantize_input,) = placeholder.users
+    assert qparams_of(quantize_input)[4] == torch.uint8
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    (result,) = output.args[0]  # type: ignore[misc]
+    assert qparams_of(result)[4] == torch.uint8

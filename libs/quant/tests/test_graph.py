@@ -7,7 +7,13 @@ import torch.nn.functional as F
 from executorch.exir import to_edge
 from torch.fx import Node
 
-from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize, target_name
+from etkit_quant.graph import (
+    is_dequantize,
+    is_grid_sampler,
+    is_quantize,
+    is_shape_op,
+    target_name,
+)
 
 
 class Warp(torch.nn.Module):
@@ -65,3 +71,19 @@ def test_non_call_nodes_have_no_target_name() -> None:
     placeholders = [n for n in exported.graph.nodes if n.op == "placeholder"]
     assert placeholders
     assert all(target_name(n) == "" and not is_grid_sampler(n) for n in placeholders)
+
+
+class Shapes(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.view(1, 3, 16).permute(0, 2, 1).unsqueeze(0).flatten(1)[:, 1:]
+        return torch.relu(y.reshape(-1)) + 1
+
+
+def test_shape_ops_in_aten_and_edge_dialects() -> None:
+    exported = torch.export.export(Shapes(), (torch.randn(1, 3, 4, 4),), strict=True)
+    for program in (exported, to_edge(exported).exported_program()):
+        nodes = _call_nodes(program.graph)
+        shapes = [target_name(n) for n in nodes if is_shape_op(n)]
+        assert len(shapes) >= 5, shapes
+        others = [target_name(n) for n in nodes if not is_shape_op(n)]
+        assert any("relu" in name for name in others) and any("add" in name for name in others)

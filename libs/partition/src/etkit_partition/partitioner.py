@@ -10,7 +10,12 @@ import torch
 from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from torch.export import ExportedProgram
 
-from etkit_partition.policies import DetagOps, PartitionPolicy, repair_partitions
+from etkit_partition.policies import (
+    DetagOps,
+    PartitionPolicy,
+    duplicate_dequantize,
+    repair_partitions,
+)
 from etkit_quant.graph import operator_name
 
 logger = logging.getLogger(__name__)
@@ -20,8 +25,8 @@ class PolicyPartitioner(Partitioner):  # type: ignore[misc]  # executorch is unt
     """Runs ``inner`` (any partitioner, ``VgfPartitioner`` in particular), applies each policy to
     the tagged program in order, repairs the partitions after each (see ``repair_partitions``)
     and drops tags no node carries any more. ``ops_to_not_decompose`` (less the operators a
-    ``DetagOps`` keeps outside) and ``transform_for_pre_decomposition`` are the inner
-    partitioner's.
+    ``DetagOps`` keeps outside) is the inner partitioner's, and so is
+    ``transform_for_pre_decomposition``, followed by ``duplicate_dequantize``.
 
     Raises ``TypeError`` when ``inner`` is not a ``Partitioner`` or a policy has no ``apply``."""
 
@@ -60,7 +65,11 @@ class PolicyPartitioner(Partitioner):  # type: ignore[misc]  # executorch is unt
         return kept, node_filter
 
     def transform_for_pre_decomposition(self, exported_program: ExportedProgram) -> ExportedProgram:
+        """The inner partitioner's transform, then ``duplicate_dequantize`` (in place): every
+        consumer of a dequantize gets its own, so that each can go into its consumer's
+        partition (a partitioner may not change the graph)."""
         result: ExportedProgram = self.inner.transform_for_pre_decomposition(exported_program)
+        duplicate_dequantize(result)
         return result
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:

@@ -4,7 +4,10 @@ A policy removes ``delegation_tag`` from nodes that must stay outside the delega
 leaves a partition the backend could not compile: ``repair_partitions`` (run by
 ``PolicyPartitioner`` after every policy) splits a tag whose nodes fell apart into connected
 pieces, splits a piece whose nodes reach each other only through outside nodes (fusing it would
-make a cycle), and detags pieces that hold nothing but quantize/dequantize nodes.
+make a cycle), moves every dequantize into its consumers' partition (so that no partition reads
+a float where its quantized op expects an integer; ``duplicate_dequantize``, run before
+partitioning, gives each consumer a dequantize of its own), and detags pieces that hold nothing
+but quantize/dequantize nodes.
 """
 
 from __future__ import annotations
@@ -188,39 +191,131 @@ def _reached_through_outside(members: set[Node]) -> set[Node]:
     return reached
 
 
+def duplicate_dequantize(program: ExportedProgram) -> int:
+    """Gives every consumer of a dequantize its own copy of it (PT2E's convert does the same),
+    so that partitioning can put each dequantize in its consumer's partition. Run it before
+    partitioning (``PolicyPartitioner.transform_for_pre_decomposition`` does): a partitioner
+    may not change the graph. Returns the number of copies made."""
+    graph = program.graph_module.graph
+    copies = 0
+    for dequantize in [n for n in graph.nodes if is_dequantize(n)]:
+        for user in list(dequantize.users)[1:]:
+            with graph.inserting_after(dequantize):
+                copy = graph.create_node(
+                    "call_function", dequantize.target, dequantize.args, dequantize.kwargs
+                )
+            copy.meta = dict(dequantize.meta)
+            user.replace_input_with(dequantize, copy)
+            copies += 1
+    if copies:
+        program.graph_module.recompile()
+        logger.debug("%d dequantize copies made, one per consumer", copies)
+    return copies
+
+
+def _dequantize_with_consumers(nodes: Iterable[Node]) -> None:
+    """Moves every dequantize of a partition into the partition of its consumers (outside every
+    partition when they are outside), so that each delegate takes integers in and gives
+    integers out. A dequantize left in one partition while its consumer sits in another makes
+    the consumer's partition read a float where its quantized op expects an integer and its
+    parameters (the Arm backend then fails, with "Expected two input qparams" or "Expecting
+    input to have dtype torch.float32, but got dtype: torch.int8"). A dequantize outside every
+    partition stays outside (a policy may have put it there: the consumer then reads a float).
+    A dequantize whose consumers are in several partitions stays where it is, with a warning:
+    ``duplicate_dequantize`` before partitioning gives each consumer its own."""
+    for dequantize in nodes:
+        if not is_dequantize(dequantize):
+            continue
+        own = dequantize.meta.get(TAG_KEY)
+        if own is None:
+            continue
+        # the graph output (anything but an op) reads the dequantize where it is
+        wanted = {u.meta.get(TAG_KEY) if u.op == "call_function" else own for u in dequantize.users}
+        if not wanted or wanted == {own}:
+            continue
+        if len(wanted) > 1:
+            logger.warning(
+                "%s feeds several partitions (%s); give each consumer its own dequantize "
+                "(etkit_partition.duplicate_dequantize) before partitioning",
+                dequantize.name,
+                ", ".join(sorted(str(t) for t in wanted)),
+            )
+            continue
+        (tag,) = wanted
+        if tag is None:
+            dequantize.meta.pop(TAG_KEY, None)
+        else:
+            dequantize.meta[TAG_KEY] = tag
+        logger.debug("%s goes with its consumers: %s", dequantize.name, tag or "no partition")
+
+
+def _with_feeders(looping: set[Node], piece: set[Node]) -> set[Node]:
+    """``looping`` and the members of ``piece`` that feed only it (a weight and its dequantize
+    feeding a convolution, ...): they go with their consumers, which cannot make a cycle (no
+    path leaves them but through ``looping``, and none reaches them from outside)."""
+    grown = set(looping)
+    changed = True
+    while changed:
+        changed = False
+        for node in piece - grown:
+            if node.users and all(u in grown for u in node.users):
+                grown.add(node)
+                changed = True
+    return grown
+
+
+def _split(members: set[Node]) -> list[set[Node]]:
+    """``members`` as pieces a backend can fuse: connected, and none reaching itself through
+    outside nodes."""
+    pending = _components(members)
+    pieces = []
+    while pending:
+        piece = pending.pop()
+        looping = _reached_through_outside(piece)
+        if looping and looping != piece:
+            looping = _with_feeders(looping, piece)
+            pending += _components(piece - looping) + _components(looping)
+        else:
+            pieces.append(piece)
+    return pieces
+
+
 def repair_partitions(program: ExportedProgram, tags: dict[str, object]) -> dict[str, object]:
     """Makes every tag a partition the backend can compile after detagging: pieces that fell
     apart get tags of their own (``tag``, ``tag_1``, ...) with the same delegation spec, pieces
-    that would form a cycle are split, pieces of only quantize/dequantize nodes are detagged,
-    and tags with no nodes are dropped. Returns the new tag -> spec mapping."""
+    that would form a cycle are split, every dequantize goes into its consumers' partition (or
+    outside, with consumers outside), pieces of only quantize/dequantize nodes are detagged, and
+    tags with no nodes are dropped. Returns the new tag -> spec mapping."""
     by_tag: dict[str, set[Node]] = {}
     for node in program.graph.nodes:
         tag = node.meta.get(TAG_KEY)
         if tag is not None:
             by_tag.setdefault(tag, set()).add(node)
-    repaired: dict[str, object] = {}
+    order = {n: i for i, n in enumerate(program.graph.nodes)}
+    specs: dict[str, object] = {}
     for tag, spec in tags.items():
-        pending = _components(by_tag.get(tag, set()))
-        pieces = []
-        while pending:
-            piece = pending.pop()
-            looping = _reached_through_outside(piece)
-            if looping and looping != piece:
-                pending += _components(piece - looping) + _components(looping)
-            else:
-                pieces.append(piece)
-        order = {n: i for i, n in enumerate(program.graph.nodes)}
+        pieces = _split(by_tag.get(tag, set()))
         pieces.sort(key=lambda p: min(order[n] for n in p))
-        kept = 0
-        for piece in pieces:
-            if all(is_quantize(n) or is_dequantize(n) for n in piece):
-                _detag(piece, "a partition of only quantize/dequantize nodes")
-                continue
-            name = tag if kept == 0 else f"{tag}_{kept}"
-            kept += 1
+        for k, piece in enumerate(pieces):
+            name = tag if k == 0 else f"{tag}_{k}"
             for node in piece:
                 node.meta[TAG_KEY] = name
-            repaired[name] = spec
-        if kept > 1:
-            logger.debug("partition %s split into %d pieces after detagging", tag, kept)
+            specs[name] = spec
+        if len(pieces) > 1:
+            logger.debug("partition %s split into %d pieces after detagging", tag, len(pieces))
+    _dequantize_with_consumers(program.graph.nodes)
+    members: dict[str, set[Node]] = {}
+    for node in program.graph.nodes:
+        tag = node.meta.get(TAG_KEY)
+        if tag is not None:
+            members.setdefault(tag, set()).add(node)
+    repaired: dict[str, object] = {}
+    for name, spec in specs.items():
+        piece = members.get(name, set())
+        if not piece:
+            continue
+        if all(is_quantize(n) or is_dequantize(n) for n in piece):
+            _detag(piece, "a partition of only quantize/dequantize nodes")
+            continue
+        repaired[name] = spec
     return repaired

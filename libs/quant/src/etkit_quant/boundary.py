@@ -17,8 +17,8 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-from etkit_quant.graph import grid_position_nodes, is_grid_sampler
-from etkit_quant.qspecs import snorm8, snorm16
+from etkit_quant.graph import grid_position_nodes, is_grid_sampler, is_shape_op
+from etkit_quant.qspecs import is_fixed, snorm8, snorm16
 
 logger = logging.getLogger(__name__)
 
@@ -134,12 +134,22 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         output = next(n for n in model.graph.nodes if n.op == "output")
         self.check_counts(len(inputs), len(outputs))
         model = self.base.annotate(model)
+        skipped = _skipped_parameter_users(model)
+        if skipped:
+            # The base quantizes an op whose parameter another op shares, and left that other op
+            # float (XNNPACK's quantizer annotates only the first op reading a weight; XNNPACK
+            # then cannot compile the float op beside the quantized one): each such op reads its
+            # own copy of the parameters, and the base annotates it.
+            _unshare_parameters(model, skipped)
+            model = self.base.annotate(model)
+        floated: set[Node] = set()
         if self.keep_grid_positions_float:
             for node in grid_position_nodes(model):
                 if ANNOTATION_KEY in node.meta:
                     logger.debug("grid position %s: base annotation removed", node.name)
                 node.meta[ANNOTATION_KEY] = QuantizationAnnotation(_annotated=True)
                 self._mark_arm(node, quantized=False)
+                floated.add(node)
         for node in model.graph.nodes:
             if is_grid_sampler(node):
                 self._annotate_grid_sampler(node)
@@ -153,11 +163,34 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
                     "for different quantization; give both the same qspec"
                 )
             seen[node] = qspec
-            self._annotate_boundary(node, qspec, f"output {k}")
-            # Some bases (Arm) also annotate the output node's inputs: the boundary decides.
             output_annotation = output.meta.get(ANNOTATION_KEY)
+            computed = _output_qspec(node)
+            if (
+                not self._arm_base
+                and qspec is not None
+                and isinstance(computed, QuantizationSpec)
+                and computed.dtype != qspec.dtype
+            ):
+                # The op computes in another integer type than the boundary's (an int8 base, a
+                # uint8 output): it keeps its own parameters and the output is requantized.
+                # (XNNPACK computes an int8 op's uint8 output wrongly; Arm's lowering rescales
+                # an op's result to the boundary's type itself, and a separate requantize
+                # would leave a uint8 tensor to transpose at a channels-last output.)
+                if output_annotation is None:
+                    output_annotation = QuantizationAnnotation(_annotated=True)
+                    output.meta[ANNOTATION_KEY] = output_annotation
+                output_annotation.input_qspec_map[node] = qspec
+                logger.debug("output %d: requantized from %s to %s", k, computed.dtype, qspec.dtype)
+                continue
+            if self._annotate_boundary(node, qspec, f"output {k}"):
+                floated.add(node)
+            # Some bases (Arm) also annotate the output node's inputs: the boundary decides.
             if output_annotation is not None and node in output_annotation.input_qspec_map:
                 output_annotation.input_qspec_map[node] = qspec
+        _settle_tied_inputs(model)
+        # An op etkit turned float must not share a parameter with a quantized op: XNNPACK
+        # serializes a shared bias once, for the first op that reads it.
+        _unshare_parameters(model, {n for n in floated if _shares_parameters(n, floated)})
         return model
 
     def validate(self, model: GraphModule) -> None:
@@ -217,9 +250,11 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         )
         self._mark_arm(node, quantized)
         if self.grid_sampler_output_qspec is not None:
-            _share_with_consumers(node, self.grid_sampler_output_qspec)
+            self._share_with_consumers(node, self.grid_sampler_output_qspec)
 
-    def _annotate_boundary(self, node: Node, qspec: QuantizationSpec | None, what: str) -> None:
+    def _annotate_boundary(self, node: Node, qspec: QuantizationSpec | None, what: str) -> bool:
+        """Gives ``node``'s output ``qspec``; returns whether that made an op compute in
+        float."""
         annotation = node.meta.get(ANNOTATION_KEY)
         base_output = None if annotation is None else annotation.output_qspec
         base_quantized = annotation is not None and (
@@ -233,13 +268,54 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         annotation._annotated = True
         if qspec is None:
             logger.debug("%s stays float", what)
-            return
+            if node.op != "call_function" or is_grid_sampler(node) or not base_quantized:
+                return False
+            # A float output comes from an op that computes in float: an op with integer
+            # inputs and a float output is what no integer backend lowers (Arm: "No output
+            # quantization parameter found"; add/sub: mismatched dtypes).
+            annotation.input_qspec_map = {}
+            self._mark_arm(node, quantized=False)
+            return True
         self._mark_arm(node, quantized=True)
-        _share_with_consumers(node, qspec)
+        self._share_with_consumers(node, qspec)
         if node.op == "call_function" and (
             isinstance(base_output, SharedQuantizationSpec) or not base_quantized
         ):
             self._share_with_inputs(node, qspec)
+        return False
+
+    def _share_with_consumers(self, node: Node, qspec: QuantizationSpec) -> None:
+        """Consumers that quantize ``node``'s output read it with ``qspec``, so that PT2E's
+        prepare shares one observer (the qspecs are equal) instead of requantizing on each edge.
+        Grid samplers keep their own input qspecs, and so do inputs the base tied to other
+        inputs of their op (concatenation: one scale for all; see ``_settle_tied_inputs``). A
+        consumer the base left unannotated that only moves values (``is_shape_op``: view,
+        permute, ...) passes ``qspec`` on, as the base does after the ops it annotated itself
+        (XNNPACK annotates them only there, before etkit's annotations exist, and cannot run
+        one between a dequantize and a quantize of different parameters)."""
+        for user in node.users:
+            annotation = user.meta.get(ANNOTATION_KEY)
+            if is_grid_sampler(user):
+                continue
+            if (annotation is None or not annotation._annotated) and (
+                is_shape_op(user) and user.args[0] is node
+            ):
+                user.meta[ANNOTATION_KEY] = QuantizationAnnotation(
+                    input_qspec_map={node: qspec},
+                    output_qspec=SharedQuantizationSpec((node, user)),
+                    _annotated=True,
+                )
+                self._mark_arm(user, quantized=True)
+                self._share_with_consumers(user, qspec)
+                continue
+            if annotation is None:
+                continue
+            base = annotation.input_qspec_map.get(node)
+            if base is None or _tied_inputs(user, annotation).get((node, user)):
+                continue
+            if isinstance(base, QuantizationSpec) and base.dtype != qspec.dtype:
+                continue  # the op computes in another integer type: it requantizes
+            annotation.input_qspec_map[node] = qspec
 
     def _share_with_inputs(self, node: Node, qspec: QuantizationSpec) -> None:
         """``node``'s output shares its input's parameters (the base said so with a
@@ -271,13 +347,118 @@ def _is_float_activation(node: Node) -> bool:
     )
 
 
-def _share_with_consumers(node: Node, qspec: QuantizationSpec) -> None:
-    """Consumers that quantize ``node``'s output read it with ``qspec``, so that PT2E's prepare
-    shares one observer (the qspecs are equal) instead of requantizing on each edge. Grid
-    samplers keep their own input qspecs."""
-    for user in node.users:
-        annotation = user.meta.get(ANNOTATION_KEY)
-        if annotation is None or is_grid_sampler(user):
+Edge = tuple[Node, Node]
+
+
+def _tied_inputs(node: Node, annotation: QuantizationAnnotation) -> dict[Edge, list[Node]]:
+    """The input edges of ``node`` that the base tied together (an input whose qspec is a
+    ``SharedQuantizationSpec`` of another input edge of ``node``, as Arm and XNNPACK annotate
+    ``cat``), each mapped to the inputs of its group, the one the others share with first."""
+    groups: dict[Node, list[Node]] = {}
+    for source, qspec in annotation.input_qspec_map.items():
+        if not isinstance(qspec, SharedQuantizationSpec):
             continue
-        if annotation.input_qspec_map.get(node) is not None:
-            annotation.input_qspec_map[node] = qspec
+        target = qspec.edge_or_node
+        if isinstance(target, tuple) and target[1] is node and target[0] is not source:
+            groups.setdefault(target[0], [target[0]]).append(source)
+    return {(member, node): members for members in groups.values() for member in members}
+
+
+def _output_qspec(node: Node, depth: int = 0) -> QuantizationSpecBase | None:
+    """The qspec ``node``'s output is quantized with, through ``SharedQuantizationSpec``s."""
+    annotation = node.meta.get(ANNOTATION_KEY)
+    qspec = None if annotation is None else annotation.output_qspec
+    while isinstance(qspec, SharedQuantizationSpec) and depth < 32:
+        depth += 1
+        target = qspec.edge_or_node
+        if isinstance(target, Node):
+            return _output_qspec(target, depth)
+        source, consumer = target
+        consumer_annotation = consumer.meta.get(ANNOTATION_KEY)
+        qspec = (
+            None if consumer_annotation is None else consumer_annotation.input_qspec_map.get(source)
+        )
+    return qspec
+
+
+def _settle_tied_inputs(model: GraphModule) -> None:
+    """Inputs the base tied together (one scale for all inputs of a ``cat``) keep the base's
+    observed parameters, so every input is requantized into one range covering them all; but
+    when every tied input comes from an etkit boundary or grid sampler with the same fixed
+    qspec, the group takes that qspec and reads them as they are."""
+    for node in model.graph.nodes:
+        annotation = node.meta.get(ANNOTATION_KEY)
+        if annotation is None:
+            continue
+        groups = {id(m): m for m in _tied_inputs(node, annotation).values()}
+        for members in groups.values():
+            qspecs = [_output_qspec(m) for m in members]
+            if is_fixed(qspecs[0]) and all(q == qspecs[0] for q in qspecs):
+                annotation.input_qspec_map[members[0]] = qspecs[0]
+
+
+def _parameters(node: Node) -> list[Node]:
+    return [a for a in node.all_input_nodes if a.op == "get_attr"]
+
+
+def _shares_parameters(node: Node, but: set[Node]) -> bool:
+    """Whether ``node`` reads a parameter that an op not in ``but`` reads too."""
+    return any(u not in but for p in _parameters(node) for u in p.users)
+
+
+def _skipped_parameter_users(model: GraphModule) -> set[Node]:
+    """Ops the base left unannotated that read a parameter another op quantizes."""
+    skipped: set[Node] = set()
+    for parameter in model.graph.nodes:
+        if parameter.op != "get_attr" or len(parameter.users) < 2:
+            continue
+        quantized, unannotated = False, []
+        for user in parameter.users:
+            annotation = user.meta.get(ANNOTATION_KEY)
+            if annotation is not None and annotation.input_qspec_map.get(parameter) is not None:
+                quantized = True
+            elif user.op == "call_function" and (annotation is None or not annotation._annotated):
+                unannotated.append(user)
+        if quantized:
+            skipped.update(unannotated)
+    return skipped
+
+
+def _unshare_parameters(model: GraphModule, users: set[Node]) -> None:
+    """Each of ``users`` reads its own copy of every parameter (``get_attr``) it shares with
+    another op: a new attribute, so that a later ``torch.export`` keeps them apart too."""
+    graph = model.graph
+    for user in sorted(users, key=lambda n: n.name):
+        for parameter in _parameters(user):
+            if len(parameter.users) < 2:
+                continue
+            assert isinstance(parameter.target, str)
+            value = _get_attr(model, parameter.target)
+            name = _free_attr_name(model, parameter.target.replace(".", "_") + "_for_" + user.name)
+            if isinstance(value, torch.nn.Parameter):
+                model.register_parameter(name, torch.nn.Parameter(value.detach().clone(), False))
+            elif isinstance(value, torch.Tensor):
+                model.register_buffer(name, value.detach().clone())
+            else:
+                continue
+            with graph.inserting_before(user):
+                copy = graph.get_attr(name)
+            copy.meta = {k: v for k, v in parameter.meta.items() if k != ANNOTATION_KEY}
+            user.replace_input_with(parameter, copy)
+            logger.debug("%s reads its own copy of %s (%s)", user.name, parameter.target, name)
+    if users:
+        model.recompile()
+
+
+def _get_attr(model: GraphModule, target: str) -> object:
+    value: object = model
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _free_attr_name(model: GraphModule, base: str) -> str:
+    name, k = base, 1
+    while hasattr(model, name):
+        name, k = f"{base}_{k}", k + 1
+    return name

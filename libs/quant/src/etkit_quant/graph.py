@@ -38,6 +38,36 @@ GRID_SAMPLER_TARGET_NAMES: Final = frozenset(
     }
 )
 
+# Operators that only move, copy or select values: their output is quantized as their (first)
+# input is.
+SHAPE_OP_NAMES: Final = frozenset(
+    {
+        "aten::view",
+        "aten::view_copy",
+        "aten::_unsafe_view",
+        "aten::reshape",
+        "aten::permute",
+        "aten::permute_copy",
+        "aten::transpose.int",
+        "aten::t",
+        "aten::squeeze",
+        "aten::squeeze.dim",
+        "aten::squeeze.dims",
+        "aten::squeeze_copy.dims",
+        "aten::unsqueeze",
+        "aten::unsqueeze_copy",
+        "aten::flatten.using_ints",
+        "aten::clone",
+        "aten::contiguous",
+        "aten::expand",
+        "aten::expand_copy",
+        "aten::slice.Tensor",
+        "aten::slice_copy.Tensor",
+        "aten::select.int",
+        "aten::select_copy.int",
+    }
+)
+
 
 def operator_name(target: object) -> str:
     """The qualified name of an operator (``"aten::grid_sampler_2d"``) for a torch
@@ -63,6 +93,13 @@ def is_quantize(node: Node) -> bool:
 def is_dequantize(node: Node) -> bool:
     """True for a per-tensor dequantize node."""
     return target_name(node) in DEQUANTIZE_TARGET_NAMES
+
+
+def is_shape_op(node: Node) -> bool:
+    """True for an operator that only moves, copies or selects values (view, reshape, permute,
+    transpose, squeeze, unsqueeze, flatten, clone, expand, slice, select), in the ATen and edge
+    dialects."""
+    return target_name(node).removesuffix(".default") in SHAPE_OP_NAMES
 
 
 def is_grid_sampler(node: Node) -> bool:
