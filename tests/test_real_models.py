@@ -1,0 +1,295 @@
+"""Acceptance tests: models in the shape of public grid-sampling models (``real_models.py``: RIFE,
+the PyTorch spatial-transformer tutorial, RAFT, argument-order variants, values crossing a
+sampler, non-image outputs, and every case of ExecuTorch's Arm grid-sampler test) export with
+``export_model`` for VGF and for XNNPACK, every grid sampler reaches etkit's grid-sampler
+backend, and the XNNPACK program, run in ``executorch.runtime``, computes what the quantized
+PT2E model and the float model compute.
+
+Bars, per output of the XNNPACK program:
+
+- against the quantized PT2E model (the program's own definition): PSNR >= 40 dB for every
+  output (the bar of apps/exporter's tests); a bilinear grid sampler's output taken straight out
+  of the model from model inputs within one step of its output scale (the grid sampler's integer
+  contract); a nearest one identical except where the source coordinate is a rounding tie;
+- against the float model: PSNR >= ``FLOAT_PSNR_DB``. One int8 rounding of a full-range output
+  alone is about 59 dB (uniform noise of one step, 1/127, over a range of 2); int16 grids add
+  nothing visible (1/32767 of the half-width, under 0.001 pixel here); int8 weights and
+  activations through a network lower it to the 42-59 dB these models reach when no boundary or
+  sampler clips (measured: 42 dB for RAFT with a grid qspec that holds its lookup window, 47 to
+  59 dB for the others). A tensor clipped by a qspec that does not hold it, what this bar must
+  catch, measured 15.7 dB (the tutorial's MNIST-normalized input, [-0.42, 2.82], clipped to
+  [-1, 1] at its sampler), 22 dB (Arm's randn test data) and 34.5 dB (RAFT's lookup grid, past
+  the unit square, clipped). 38 dB (RMS error 1.3 % of the output's range) lies between the two
+  groups with 3.5 dB to spare on each side.
+
+The exports are shared between the assertions (module-scoped fixtures, one export per model and
+target); a failed export is recorded and fails every test of that model and target with its
+message.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from etkit_exporter import ExportResult, export_model
+
+
+def _load_real_models() -> Any:
+    """``real_models.py`` beside this file (pytest imports tests by path, not as a package)."""
+    if "real_models" in sys.modules:
+        return sys.modules["real_models"]
+    spec = importlib.util.spec_from_file_location(
+        "real_models", Path(__file__).with_name("real_models.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["real_models"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+logger = logging.getLogger(__name__)
+real_models = _load_real_models()
+REAL_MODELS: dict[str, Any] = real_models.REAL_MODELS
+
+QUANTIZED_PSNR_DB = 40.0
+FLOAT_PSNR_DB = 38.0
+TIE_TOLERANCE_PX = 1e-4  # the PT2E reference computes source coordinates in float32
+
+
+@dataclass
+class Exported:
+    """One export of one model for one target: the result, or the error it ended with."""
+
+    name: str
+    target: str
+    model: torch.nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    grid_samplers: int
+    result: ExportResult | None
+    error: str | None
+    seconds: float
+
+    def require(self) -> ExportResult:
+        if self.result is None:
+            pytest.fail(f"{self.name} for {self.target}: {self.error}", pytrace=False)
+        return self.result
+
+
+class _CountGridSamples(TorchFunctionMode):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is F.grid_sample:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _export(name: str, target: str, root: Path) -> Exported:
+    case = REAL_MODELS[name]
+    model, inputs = case.make()
+    counter = _CountGridSamples()
+    with torch.no_grad(), counter:
+        model(*inputs)
+    start = time.perf_counter()
+    try:
+        result = export_model(
+            model,
+            inputs,
+            artifacts_root=root,
+            quantized_input_qspecs=case.input_qspecs,
+            quantized_output_qspecs=case.output_qspecs,
+            target=target,
+            verify=target == "xnnpack",
+        )
+        error = None
+    except Exception as failure:  # recorded: every test of this export reports it
+        result, error = None, f"{type(failure).__name__}: {failure}"
+    seconds = time.perf_counter() - start
+    verification = result.verification if result is not None else None
+    logger.info(
+        "%s for %s: %s in %.1f s; %s",
+        name,
+        target,
+        "exported" if error is None else f"failed ({error.splitlines()[0]})",
+        seconds,
+        verification,
+    )
+    return Exported(name, target, model, inputs, counter.count, result, error, seconds)
+
+
+@pytest.fixture(scope="module", params=sorted(REAL_MODELS))
+def vgf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Exported:
+    return _export(request.param, "vgf", tmp_path_factory.mktemp("vgf") / request.param)
+
+
+@pytest.fixture(scope="module", params=sorted(REAL_MODELS))
+def xnnpack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Exported:
+    return _export(request.param, "xnnpack", tmp_path_factory.mktemp("xnnpack") / request.param)
+
+
+# -- both targets ---------------------------------------------------------------------------
+
+
+def _check_exports(exported: Exported) -> None:
+    exported.require()
+
+
+def _check_grid_samplers_delegated(exported: Exported) -> None:
+    """Every grid sampler of the model is one GridSamplerBackend delegate, none left outside or
+    taken by the main backend."""
+    report = exported.require().report
+    left = [o for o in report["outside_delegates"] if "grid_sampler" in o["op"]]
+    assert not left, left
+    for partition in report["partitions"]:
+        if partition["backend"] != "GridSamplerBackend":
+            assert not any("grid_sampler" in op for op in partition["ops"]), partition
+    assert len(report["grid_samplers"]) == exported.grid_samplers, report["grid_samplers"]
+
+
+def test_vgf_exports(vgf: Exported) -> None:
+    _check_exports(vgf)
+
+
+def test_vgf_grid_samplers_delegated(vgf: Exported) -> None:
+    _check_grid_samplers_delegated(vgf)
+
+
+def test_xnnpack_exports_and_runs(xnnpack: Exported) -> None:
+    """The export includes running the program in executorch.runtime (verify=True)."""
+    _check_exports(xnnpack)
+
+
+def test_xnnpack_grid_samplers_delegated(xnnpack: Exported) -> None:
+    _check_grid_samplers_delegated(xnnpack)
+
+
+# -- XNNPACK: the program against the PyTorch models ----------------------------------------
+
+
+def _db(comparison: dict[str, Any]) -> float:
+    return math.inf if comparison["psnr_db"] is None else float(comparison["psnr_db"])
+
+
+def _comparisons(exported: Exported, reference: str) -> list[dict[str, Any]]:
+    verification = exported.require().verification
+    assert verification is not None
+    found = [c for c in verification["comparisons"] if c["reference"] == reference]
+    assert len(found) == len(REAL_MODELS[exported.name].outputs), verification
+    return sorted(found, key=lambda c: int(c["output"]))
+
+
+def _describe(exported: Exported, comparisons: list[dict[str, Any]]) -> str:
+    kinds = REAL_MODELS[exported.name].outputs
+    return "; ".join(
+        f"output {c['output']} ({kinds[c['output']]}): PSNR {_db(c):.2f} dB, "
+        f"max abs error {c['max_abs_error']:.6g}"
+        for c in comparisons
+    )
+
+
+def test_xnnpack_matches_quantized_model(xnnpack: Exported) -> None:
+    comparisons = _comparisons(xnnpack, "quantized PT2E model")
+    outputs = xnnpack.require().io_quant_params["outputs"]
+    failures = [c for c in comparisons if _db(c) < QUANTIZED_PSNR_DB]
+    for c in comparisons:
+        scale = outputs[c["output"]]["scale"]
+        kind = REAL_MODELS[xnnpack.name].outputs[c["output"]]
+        if kind == "bilinear" and scale is not None and c["max_abs_error"] > scale * 1.0001:
+            failures.append(c)  # more than one step of the output scale
+    assert not failures, _describe(xnnpack, comparisons)
+
+
+def test_xnnpack_nearest_outputs_exact_except_ties(xnnpack: Exported) -> None:
+    """A nearest sample straight out of the model picks the same source pixel as the quantized
+    model, except where the source coordinate (from the program's own int16 grid) lies on a
+    rounding tie. Models without one check nothing more than their export."""
+    result = xnnpack.require()
+    case = REAL_MODELS[xnnpack.name]
+    if not case.nearest:
+        return
+    actual = _run_program(result, xnnpack.inputs)
+    with torch.no_grad():
+        expected = result.converted_model(*xnnpack.inputs)  # type: ignore[misc]
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    outputs = result.io_quant_params["outputs"]
+    for index, spec in case.nearest.items():
+        reference = expected[index]
+        ties = _ties(result, xnnpack.inputs, spec).expand_as(reference)
+        value = actual[index].reshape(reference.shape)
+        scale = outputs[index]["scale"]
+        if scale is not None:  # compare integer codes
+            value, reference = torch.round(value / scale), torch.round(reference / scale)
+        wrong = value != reference
+        assert not (wrong & ~ties).any(), (
+            f"output {index}: {int((wrong & ~ties).sum())} of {wrong.numel()} values differ "
+            f"away from ties ({int(ties.sum())} tie positions)"
+        )
+
+
+def test_xnnpack_matches_float_model(xnnpack: Exported) -> None:
+    comparisons = _comparisons(xnnpack, "float model")
+    assert all(_db(c) >= FLOAT_PSNR_DB for c in comparisons), _describe(xnnpack, comparisons)
+
+
+# -- helpers: the program's IO, as an engine sees it -----------------------------------------
+
+_DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32}
+
+
+def _quantize(x: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
+    q = torch.round(x / entry["scale"]) + entry["zero_point"]
+    return q.clamp(entry["quant_min"], entry["quant_max"]).to(_DTYPES[entry["dtype"]])
+
+
+def _run_program(result: ExportResult, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """The program's dequantized outputs on the example inputs, quantized by its IO table."""
+    from executorch.runtime import Runtime
+
+    from etkit_gridsampler import runtime
+
+    runtime.register()
+    program_inputs = []
+    for x, entry in zip(inputs, result.io_quant_params["inputs"], strict=True):
+        value = x if entry["scale"] is None else _quantize(x, entry)
+        if entry.get("dim_order") == [0, 2, 3, 1]:
+            value = value.contiguous(memory_format=torch.channels_last)
+        program_inputs.append(value.contiguous())
+    method = Runtime.get().load_program(result.pte_path).load_method("forward")
+    outputs = []
+    for y, entry in zip(
+        method.execute(program_inputs), result.io_quant_params["outputs"], strict=True
+    ):
+        scale = entry["scale"]
+        outputs.append(y.float() if scale is None else (y.float() - entry["zero_point"]) * scale)
+    return outputs
+
+
+def _ties(result: ExportResult, inputs: tuple[torch.Tensor, ...], spec: Any) -> torch.Tensor:
+    """N x 1 x Ho x Wo: where the source coordinate of the grid the program reads lies within
+    ``TIE_TOLERANCE_PX`` of a rounding tie, in x or in y."""
+    entry = result.io_quant_params["inputs"][spec.grid_input]
+    grid = inputs[spec.grid_input]
+    if entry["scale"] is not None:
+        grid = (_quantize(grid, entry).double() - entry["zero_point"]) * entry["scale"]
+    height, width = inputs[spec.image_input].shape[-2:]
+    tie = torch.zeros(grid.shape[:3], dtype=torch.bool)
+    for axis, size in ((0, width), (1, height)):
+        g = grid[..., axis].double()
+        source = (g + 1) / 2 * (size - 1) if spec.align_corners else ((g + 1) * size - 1) / 2
+        tie |= ((source - torch.floor(source)) - 0.5).abs() < TIE_TOLERANCE_PX
+    return tie.unsqueeze(1)
