@@ -448,23 +448,10 @@ def vgf_export(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 _CPU_OUTPUTS: dict[str, list[torch.Tensor]] = {}
 
-# The exporter loses the channels-last dim order of a grid sampler's output (its value in the
-# .pte is contiguous) where that output feeds a VGF partition built for NHWC: the VGF reads NCHW
-# bytes as NHWC, as it would on a device. The runner reports it; remove the marks once fixed.
-_LAYOUT_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="grid-sampler output feeding a VGF loses its channels-last dim order",
-)
-
 
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param("flow-warp", marks=_LAYOUT_BUG),
-        "stn",
-        pytest.param("resample", marks=_LAYOUT_BUG),
-    ],
+    ["flow-warp", "stn", "resample"],
 )
 def test_vgf_export_runs_whole(vgf_export: Any, name: str) -> None:
     export = vgf_export(name)
@@ -486,7 +473,7 @@ def test_vgf_export_runs_whole(vgf_export: Any, name: str) -> None:
         references = (references,)
     for actual, reference, entry in zip(result.outputs, references, io["outputs"], strict=True):
         assert actual.dtype == torch.int8
-        assert _steps(actual, reference, entry) <= 1.0 + 1e-6
+        assert _steps(actual, reference, entry) <= 1.0 + 1e-4  # float32 rounding near +-1
     assert result.warnings == []
 
 

@@ -16,7 +16,7 @@ import torch
 from etkit_exporter import ExportResult, export_model
 from etkit_exporter.demos import DEMOS
 from etkit_exporter.io_params import pte_io_layouts, with_pte_layouts
-from etkit_exporter.runner import PteProgram
+from etkit_exporter.runner import PteProgram, TensorInfo
 from etkit_layout import delegate_layout_mismatches
 
 NHWC = [0, 2, 3, 1]
@@ -42,7 +42,8 @@ def _quantized(x: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
     dim order."""
     q = torch.round(x / entry["scale"]) + entry["zero_point"]
     value = q.clamp(entry["quant_min"], entry["quant_max"]).to(_DTYPES[entry["dtype"]])
-    return value.permute(entry["dim_order"]).contiguous().permute(_inverse(entry["dim_order"]))
+    laid_out: torch.Tensor = value.permute(entry["dim_order"]).contiguous()
+    return laid_out.permute(_inverse(entry["dim_order"]))
 
 
 def _inverse(order: list[int]) -> list[int]:
@@ -68,8 +69,10 @@ def test_vgf_export_layouts_agree_and_outputs_match(vgf_export: Any, name: str) 
     program = PteProgram.load(export.pte_path, grid_sampler_impl="cpu")
     method = program.method()
     for kind, infos in (("inputs", method.input_infos), ("outputs", method.output_infos)):
-        assert [e["dim_order"] for e in io[kind]] == [x["dim_order"] for x in layouts[kind]]
-        assert [e["dim_order"] for e in io[kind]] == [list(i.dim_order) for i in infos]
+        assert all(isinstance(i, TensorInfo) for i in infos)
+        found = [x["dim_order"] if x is not None else None for x in layouts[kind]]
+        assert [e["dim_order"] for e in io[kind]] == found
+        assert found == [list(i.dim_order) for i in infos if isinstance(i, TensorInfo)]
         # design.md: image IO channels-last, grids N x H x W x 2 as they are
         for entry in io[kind]:
             grid = entry["shape"][-1] == 2

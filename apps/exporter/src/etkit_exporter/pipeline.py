@@ -310,11 +310,11 @@ def _run(
     from executorch.exir import to_edge_transform_and_lower
     from executorch.exir.passes.quantize_io_pass import extract_io_quant_params
 
-    from etkit_exporter.io_params import io_table
+    from etkit_exporter.io_params import io_table, with_pte_layouts
     from etkit_exporter.report import build_report, write_report
-    from etkit_gridsampler import GridSamplerPartitioner
+    from etkit_gridsampler import GridSamplerBackend, GridSamplerPartitioner
     from etkit_gridsampler.call_sites import check_call_sites
-    from etkit_layout import channels_last, pad_rgb_to_rgba
+    from etkit_layout import channels_last, pad_rgb_to_rgba, pin_delegate_layouts
     from etkit_partition import (
         DetagInputQuantize,
         DetagOps,
@@ -383,6 +383,12 @@ def _run(
     grid_partitioner = GridSamplerPartitioner()
     with stages.stage("lower_grid_sampler"):
         manager = manager.to_backend(grid_partitioner)
+    with stages.stage("pin_layouts"):
+        # to_executorch re-traces the program: without this, delegate outputs get the layout
+        # their operators compute (a grid sampler's is NCHW), not the one they were compiled for
+        pin_delegate_layouts(
+            manager.exported_program(), any_layout_backends={GridSamplerBackend.__name__}
+        )
     with stages.stage("extract_io_quant_params"):
         extracted = (
             extract_io_quant_params(
@@ -396,7 +402,9 @@ def _run(
         check_call_sites(manager.exported_program())
     with stages.stage("serialize"):
         strip_build_paths(manager.exported_program())
-        (work / "model.pte").write_bytes(manager.to_executorch().buffer)
+        pte = manager.to_executorch().buffer
+        io_params = with_pte_layouts(io_params, pte)  # the dim orders the .pte really has
+        (work / "model.pte").write_bytes(pte)
         (work / "io_quant_params.json").write_text(json.dumps(io_params, indent=2) + "\n")
     verification = None
     if verify:

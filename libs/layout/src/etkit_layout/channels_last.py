@@ -116,7 +116,9 @@ def channels_last(graph_module: GraphModule) -> PassResult:
     A tensor that reaches a grid sampler's grid input, directly or through quantize/dequantize
     nodes, keeps its N x H x W x 2 layout. Backends read the layout from each tensor's dim order:
     the Arm backend then needs no transpose at those boundaries, and etkit's grid sampler reads
-    the strides. Running it again changes nothing."""
+    the strides. Running it again changes nothing. These layouts live only in the fake tensors:
+    run ``pin_delegate_layouts`` after lowering so that ``to_executorch``'s re-trace keeps
+    them."""
     marked: list[Node] = []
     for node in channels_last_nodes(graph_module):
         _mark(node, marked)
