@@ -160,3 +160,30 @@ def with_pte_layouts(table: dict[str, Any], pte: bytes) -> dict[str, Any]:
                 )
                 entry["dim_order"] = layout["dim_order"]
     return result
+
+
+_INTEGER_DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16}
+
+
+def program_input(value: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
+    """``value`` as the program takes the input ``entry`` describes (an io_quant_params.json
+    entry): a float value of a quantized input quantized with its parameters (in float32, as
+    the PT2E model's quantize computes), laid out in its dim order."""
+    if entry.get("scale") is not None and value.dtype.is_floating_point:
+        quantized = torch.round(value.float() / entry["scale"]) + entry["zero_point"]
+        value = quantized.clamp(entry["quant_min"], entry["quant_max"]).to(
+            _INTEGER_DTYPES[entry["dtype"]]
+        )
+    elif value.dtype == torch.float64:
+        value = value.float()
+    if entry.get("dim_order") == [0, 2, 3, 1] and value.dim() == 4:
+        return value.contiguous(memory_format=torch.channels_last)
+    return value.contiguous()
+
+
+def float_output(value: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
+    """A program output as float: dequantized with ``entry``'s parameters when quantized."""
+    if entry.get("scale") is None:
+        return value.float()
+    result: torch.Tensor = (value.float() - entry["zero_point"]) * float(entry["scale"])
+    return result

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-_INTEGER_DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16}
+from etkit_exporter.io_params import float_output, program_input
 
 
 class RunUsageError(ValueError):
@@ -56,31 +56,13 @@ def _read_input(path: Path, image_range: tuple[float, float]) -> torch.Tensor:
     raise RunUsageError(f"--input {path}: expected .npy, .pt, .png or .jpg")
 
 
-def program_input(value: torch.Tensor, entry: dict[str, Any], source: str) -> torch.Tensor:
-    """``value`` as the program takes input ``entry`` (from io_quant_params.json): a float value
-    of a quantized input is quantized with its parameters; the layout follows its dim order."""
-    if entry.get("scale") is not None and value.dtype.is_floating_point:
-        quantized = torch.round(value.double() / entry["scale"]) + entry["zero_point"]
-        value = quantized.clamp(entry["quant_min"], entry["quant_max"]).to(
-            _INTEGER_DTYPES[entry["dtype"]]
-        )
-    elif value.dtype == torch.float64:
-        value = value.float()
-    if list(value.shape) != entry.get("shape", list(value.shape)):
+def _checked_input(value: torch.Tensor, entry: dict[str, Any], source: str) -> torch.Tensor:
+    if "shape" in entry and list(value.shape) != entry["shape"]:
         raise RunUsageError(
             f"{source}: shape {list(value.shape)}, but input {entry['index']} ({entry['name']}) "
             f"takes {entry['shape']}"
         )
-    if entry.get("dim_order") == [0, 2, 3, 1]:
-        return value.contiguous(memory_format=torch.channels_last)
-    return value.contiguous()
-
-
-def _as_float(value: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
-    if entry.get("scale") is None:
-        return value.float()
-    result: torch.Tensor = (value.float() - entry["zero_point"]) * float(entry["scale"])
-    return result
+    return program_input(value, entry)
 
 
 def _write_png(path: Path, value: torch.Tensor, image_range: tuple[float, float]) -> None:
@@ -124,7 +106,7 @@ def run_export(
     if len(inputs) != len(entries):
         raise RunUsageError(f"{pte} takes {len(entries)} inputs; {len(inputs)} --input given")
     values = [
-        program_input(_read_input(path, image_range), entry, str(path))
+        _checked_input(_read_input(path, image_range), entry, str(path))
         for path, entry in zip(inputs, entries, strict=True)
     ]
     try:
@@ -140,7 +122,7 @@ def run_export(
         written.append(f"output_{k}.npy")
         entry = params["outputs"][k] if params else {"scale": None}
         if value.dim() == 4 and value.shape[1] in (1, 3, 4):
-            _write_png(out / f"output_{k}.png", _as_float(value, entry), image_range)
+            _write_png(out / f"output_{k}.png", float_output(value, entry), image_range)
             written.append(f"output_{k}.png")
     return {
         "outputs": written,

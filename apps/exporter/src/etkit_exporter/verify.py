@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from etkit_exporter.diagnostics import capture_native_log
+from etkit_exporter.io_params import float_output, program_input
 
 logger = logging.getLogger(__name__)
 
@@ -21,27 +22,6 @@ def psnr(actual: torch.Tensor, reference: torch.Tensor) -> float | None:
     mse = float(((actual.double() - reference.double()) ** 2).mean())
     peak = float(reference.max() - reference.min()) or 1.0
     return None if mse == 0 else 10 * math.log10(peak * peak / mse)
-
-
-def _quantize(x: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
-    dtype = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16}[entry["dtype"]]
-    q = torch.round(x / entry["scale"]) + entry["zero_point"]
-    result: torch.Tensor = q.clamp(entry["quant_min"], entry["quant_max"]).to(dtype)
-    return result
-
-
-def _as_program_input(x: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
-    value = x if entry["scale"] is None else _quantize(x, entry)
-    if entry.get("dim_order") == [0, 2, 3, 1]:
-        return value.contiguous(memory_format=torch.channels_last)
-    return value.contiguous()
-
-
-def _as_float_output(y: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
-    if entry["scale"] is None:
-        return y.float()
-    result: torch.Tensor = (y.float() - entry["zero_point"]) * entry["scale"]
-    return result
 
 
 def _outputs(value: object) -> list[torch.Tensor]:
@@ -108,7 +88,7 @@ def verify_program(
     and with the quantized PT2E model: max abs error and PSNR, and for integer outputs against
     the quantized model the steps apart (max and histogram)."""
     inputs = [
-        _as_program_input(x, entry)
+        program_input(x, entry)
         for x, entry in zip(example_inputs, io_params["inputs"], strict=True)
     ]
     raw = (
@@ -116,7 +96,7 @@ def verify_program(
         if target == "vgf"
         else _run_in_executorch_runtime(pte, inputs)
     )
-    actual = [_as_float_output(y, e) for y, e in zip(raw, io_params["outputs"], strict=True)]
+    actual = [float_output(y, e) for y, e in zip(raw, io_params["outputs"], strict=True)]
     with torch.no_grad():
         references = {
             "float model": _outputs(model(*example_inputs)),
