@@ -394,3 +394,12 @@ def test_stn_vgf_verifies_on_vulkan(tmp_path: Path) -> None:
     ]
     assert quantized["max_steps"] <= 1 and sum(quantized["steps_histogram"].values()) > 0
     assert "int8 steps" in (tmp_path / "stn" / "report.md").read_text()
+    (floating,) = [c for c in result.verification["comparisons"] if c["reference"] == "float model"]
+    picture = tmp_path / "stn" / floating["picture"]
+    from PIL import Image
+
+    with Image.open(picture) as panel:  # float model | program | error, side by side
+        assert panel.size[0] > 3 * 32 and panel.size[1] > 32
+    assert f"]({floating['picture']})" in (tmp_path / "stn" / "report.md").read_text()
+    manifest = json.loads((tmp_path / "stn" / "etkit-manifest.json").read_text())
+    assert floating["picture"] in manifest["files"]

@@ -412,7 +412,7 @@ def _run(
 
         with stages.stage("verify"):
             verification = verify_program(
-                work / "model.pte", model, converted, inputs, io_params, target=target
+                work / "model.pte", model, converted, inputs, io_params, target, pictures=work
             )
     report = build_report(
         manager.exported_program(),

@@ -233,6 +233,10 @@ def render_markdown(report: dict[str, Any]) -> str:
                 for v in report["verification"]["comparisons"]
             ],
         )
+        for v in report["verification"]["comparisons"]:
+            if v.get("picture"):
+                alt = f"output {v['output']}: float model, program, error"
+                lines += ["", f"![{alt}]({v['picture']})"]
     lines += ["", "## Stage timings", ""]
     lines += _table(["stage", "seconds"], [[k, v] for k, v in report["timings_s"].items()])
     lines += ["", "## Toolchain", ""]

@@ -12,6 +12,7 @@ import torch
 
 from etkit_exporter.diagnostics import capture_native_log
 from etkit_exporter.io_params import float_output, program_input
+from etkit_exporter.pictures import is_image_like, write_panel
 
 logger = logging.getLogger(__name__)
 
@@ -80,13 +81,16 @@ def verify_program(
     example_inputs: tuple[torch.Tensor, ...],
     io_params: dict[str, Any],
     target: str = "xnnpack",
+    pictures: Path | None = None,
 ) -> dict[str, Any]:
     """Runs the written ``pte`` on integer inputs made from the example inputs through
     ``io_params`` (an XNNPACK program in ``executorch.runtime``; a VGF program, which that
     runtime cannot run, in ``etkit_exporter.runner`` with its VGF delegates on the Vulkan device
     through ``scenario_runner``), dequantizes its outputs and compares each with the float model
     and with the quantized PT2E model: max abs error and PSNR, and for integer outputs against
-    the quantized model the steps apart (max and histogram)."""
+    the quantized model the steps apart (max and histogram). With ``pictures`` (a folder), each
+    image-like output gets ``verify_output_K.png`` there: float model, program, error heatmap
+    (``etkit_exporter.pictures``), named in its float-model comparison as ``picture``."""
     inputs = [
         program_input(x, entry)
         for x, entry in zip(example_inputs, io_params["inputs"], strict=True)
@@ -115,5 +119,17 @@ def verify_program(
             entry = io_params["outputs"][index]
             if name == "quantized PT2E model" and entry["scale"] is not None:
                 comparison.update(_steps(y, ref, entry))
+            if name == "float model" and pictures is not None and is_image_like(ref):
+                picture = f"verify_output_{index}.png"
+                db = comparison["psnr_db"]
+                write_panel(
+                    pictures / picture,
+                    ref,
+                    y,
+                    f"output {index} vs the float model: PSNR "
+                    + ("inf" if db is None else f"{db:.2f} dB")
+                    + f", max abs error {comparison['max_abs_error']:.4g}",
+                )
+                comparison["picture"] = picture
             comparisons.append(comparison)
     return {"runner": RUNNERS.get(target, "executorch.runtime"), "comparisons": comparisons}
