@@ -393,3 +393,22 @@ def test_cli_refusals_are_one_line_usage_errors(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr
     assert (tmp_path / "keep.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.pte", "keep.txt"]
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["no-force", "force"])
+def test_two_concurrent_exports_into_one_folder_leave_one_whole_export(
+    tmp_path: Path, force: bool
+) -> None:
+    extra = ["--force"] if force else []
+    processes = [
+        _etkit_export(
+            "demo", "resample", "--target", "xnnpack", "--out", "out", *extra, cwd=tmp_path
+        )
+        for _ in range(2)
+    ]
+    statuses = sorted(p.wait(timeout=600) for p in processes)
+    # without --force the second to finish finds the first's export and leaves it (exit 2)
+    assert statuses == ([0, 0] if force else [0, 2]), statuses
+    assert foreign_content(tmp_path / "out") == []
+    assert (tmp_path / "out" / "model.pte").stat().st_size > 0
+    assert _leftovers(tmp_path) == []
