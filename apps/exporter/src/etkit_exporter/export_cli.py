@@ -198,12 +198,16 @@ def _check_fits_in_memory(shape: tuple[int, ...]) -> None:
         )
 
 
-class _Progress:
-    """Stage progress: one updating line on a terminal, plain lines otherwise."""
+class _TerminalOutput:
+    """Where progress goes, and whether it is a terminal (one updating line) or not."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
+
+
+class _Progress(_TerminalOutput):
+    """Stage progress: one updating line on a terminal, plain lines otherwise."""
 
     def __call__(self, stage: str, seconds: float) -> None:
         if self.tty:
@@ -359,12 +363,8 @@ def _calibration_from(
         raise UsageError(str(error)) from error
 
 
-class _SampleProgress:
+class _SampleProgress(_TerminalOutput):
     """Calibration progress: a bar on a terminal, one line at the end otherwise."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
 
     def __call__(self, done: int, total: int) -> None:
         if self.tty:
