@@ -498,3 +498,35 @@ def test_vgf_export_constant_methods(vgf_export: Any) -> None:
     assert "input0_scale" in program.method_names
     (scale,) = program.run([], method="input0_scale").outputs
     assert scale == pytest.approx(export.io_quant_params["inputs"][0]["scale"])
+
+
+def test_vgf_run_keeps_delegate_io_and_verify_holds_samplers_to_contract(vgf_export: Any) -> None:
+    """``keep_delegate_io`` keeps what each delegate call read and wrote; verification's
+    per-call row compares a grid-sampler call with the contract's ideal on those very inputs,
+    and an output moved by two steps at one position is reported as two steps there."""
+    from dataclasses import replace
+
+    from etkit_exporter.verify import _delegate_row
+
+    export = vgf_export("stn")
+    io = export.io_quant_params
+    inputs = [
+        _quantize_input(x, e) for x, e in zip(export.example_inputs, io["inputs"], strict=True)
+    ]
+    program = PteProgram.load(export.pte_path)
+    result = program.run(inputs, keep_delegate_io=True)
+    blobs = {d.index: d.processed for d in program.method("forward").delegates}
+    (call,) = [c for c in result.delegate_calls if c.backend_id == "GridSamplerBackend"]
+    assert call.inputs is not None and call.outputs is not None
+    assert len(call.input_indices) == len(call.inputs) == decode(blobs[call.delegate]).roles.inputs
+    row = _delegate_row(call, blobs[call.delegate])
+    assert row["mode"] == "bilinear" and row["max_steps_vs_ideal"] <= 1
+    assert sum(row["steps_histogram"].values()) == call.outputs[0].numel()
+    moved = call.outputs[0].clone()
+    value = int(moved[0, 0, 1, 2])
+    moved[0, 0, 1, 2] = value + 2 if value < 100 else value - 2
+    broken = _delegate_row(replace(call, outputs=(moved,)), blobs[call.delegate])
+    assert broken["max_steps_vs_ideal"] >= 2
+    vgf_calls = [c for c in result.delegate_calls if c.backend_id == "VgfBackend"]
+    assert vgf_calls and all(c.inputs is not None for c in vgf_calls)
+    assert PteProgram.load(export.pte_path).run(inputs).delegate_calls[0].inputs is None

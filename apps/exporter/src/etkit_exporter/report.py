@@ -233,6 +233,33 @@ def render_markdown(report: dict[str, Any]) -> str:
                 for v in report["verification"]["comparisons"]
             ],
         )
+        calls = report["verification"].get("delegates")
+        if calls:
+            lines += [
+                "",
+                "Delegate calls of that run. A grid-sampler call's output is compared with the "
+                "grid-sampler contract's ideal (float64 grid_sample of the integer inputs the "
+                "program gave it, quantized); the contract allows 1 step for bilinear and none "
+                "for nearest away from rounding ties.",
+                "",
+            ]
+            lines += _table(
+                ["instruction", "backend", "ran on", "ms", "steps vs ideal (max; 0/1/2/more)"],
+                [
+                    [
+                        c["instruction"],
+                        c["backend"] + (f" ({c['mode']})" if "mode" in c else ""),
+                        c["implementation"],
+                        f"{1000 * c['seconds']:.2f}",
+                        f"{c['max_steps_vs_ideal']}; "
+                        + "/".join(map(str, c["steps_histogram"].values()))
+                        + (f"; {c['ties']} ties" if "ties" in c else "")
+                        if "max_steps_vs_ideal" in c
+                        else "",
+                    ]
+                    for c in calls
+                ],
+            )
         for v in report["verification"]["comparisons"]:
             if v.get("picture"):
                 alt = f"output {v['output']}: float model, program, error"

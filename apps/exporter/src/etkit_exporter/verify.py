@@ -50,13 +50,80 @@ def _run_in_executorch_runtime(pte: Path, inputs: list[torch.Tensor]) -> list[to
     return raw
 
 
-def _run_in_etkit_runner(pte: Path, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _run_in_etkit_runner(
+    pte: Path, inputs: list[torch.Tensor]
+) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
     from etkit_exporter.runner import PteProgram
 
-    result = PteProgram.load(pte, grid_sampler_impl="cpu").run(inputs)
+    program = PteProgram.load(pte, grid_sampler_impl="cpu")
+    result = program.run(inputs, keep_delegate_io=True)
     for warning in result.warnings:
         logger.warning("runner: %s", warning)
-    return list(result.outputs)
+    blobs = {d.index: d.processed for d in program.method("forward").delegates}
+    return list(result.outputs), [
+        _delegate_row(call, blobs[call.delegate]) for call in result.delegate_calls
+    ]
+
+
+# A nearest sample whose source coordinate lies this close to a rounding tie may pick either
+# pixel: the ideal computes it in float64 from the same int16 grid, exact to ~1e-12 pixels.
+TIE_TOLERANCE_PX = 1e-6
+
+
+def _delegate_row(call: Any, processed: bytes) -> dict[str, Any]:
+    """One delegate call of a runner verification: where, what ran it, its time; for a
+    grid-sampler call, its output against the grid-sampler contract's ideal computed on the very
+    integer inputs the program gave it (``etkit_gridsampler.reference``: PyTorch's float64
+    grid_sample on the dequantized operands, quantized): steps max and histogram, nearest
+    samples at rounding ties set apart. This isolates the sampler: a program output further
+    from the quantized model than the contract allows got there upstream."""
+    row: dict[str, Any] = {
+        "instruction": call.instruction,
+        "delegate": call.delegate,
+        "backend": call.backend_id,
+        "implementation": call.implementation,
+        "seconds": round(call.seconds, 6),
+    }
+    if call.backend_id != "GridSamplerBackend" or call.inputs is None or call.outputs is None:
+        return row
+    from etkit_gridsampler import reference
+    from etkit_gridsampler.delegate_format import decode
+
+    blob = decode(processed)
+    op = blob.op
+    image, grid = call.inputs[blob.roles.image], call.inputs[blob.roles.grid]
+    row["mode"] = op.mode
+    if op.output is None:
+        return row
+    ideal = reference.grid_sample(image, grid, op).long()
+    steps = (call.outputs[0].long() - ideal).abs()
+    ties = torch.zeros_like(steps, dtype=torch.bool)
+    if op.mode == "nearest":
+        ties = _ties(grid, op, tuple(image.shape[-2:])).unsqueeze(1).expand_as(steps)
+        row["ties"] = int(ties.sum())
+    steps = steps.masked_fill(ties, 0)
+    histogram = {str(k): int((steps == k).sum()) for k in range(3)}
+    histogram["more"] = int((steps > 2).sum())
+    row.update({"max_steps_vs_ideal": int(steps.max()), "steps_histogram": histogram})
+    return row
+
+
+def _ties(grid: torch.Tensor, op: Any, size: tuple[int, int]) -> torch.Tensor:
+    """N x Ho x Wo: where the source coordinate of a nearest sample lies on a rounding tie."""
+    from etkit_gridsampler.op import dequantize
+
+    g = dequantize(grid, op.grid).double()
+    height, width = size
+    tie = torch.zeros(g.shape[:3], dtype=torch.bool)
+    for axis, extent in ((0, width), (1, height)):
+        coordinate = g[..., axis]
+        source = (
+            (coordinate + 1) / 2 * (extent - 1)
+            if op.align_corners
+            else ((coordinate + 1) * extent - 1) / 2
+        )
+        tie |= ((source - torch.floor(source)) - 0.5).abs() < TIE_TOLERANCE_PX
+    return tie
 
 
 RUNNERS: dict[str, str] = {
@@ -95,11 +162,11 @@ def verify_program(
         program_input(x, entry)
         for x, entry in zip(example_inputs, io_params["inputs"], strict=True)
     ]
-    raw = (
-        _run_in_etkit_runner(pte, inputs)
-        if target == "vgf"
-        else _run_in_executorch_runtime(pte, inputs)
-    )
+    delegates: list[dict[str, Any]] | None = None
+    if target == "vgf":
+        raw, delegates = _run_in_etkit_runner(pte, inputs)
+    else:
+        raw = _run_in_executorch_runtime(pte, inputs)
     actual = [float_output(y, e) for y, e in zip(raw, io_params["outputs"], strict=True)]
     with torch.no_grad():
         references = {
@@ -132,4 +199,10 @@ def verify_program(
                 )
                 comparison["picture"] = picture
             comparisons.append(comparison)
-    return {"runner": RUNNERS.get(target, "executorch.runtime"), "comparisons": comparisons}
+    verification: dict[str, Any] = {
+        "runner": RUNNERS.get(target, "executorch.runtime"),
+        "comparisons": comparisons,
+    }
+    if delegates is not None:
+        verification["delegates"] = delegates
+    return verification

@@ -56,7 +56,9 @@ class ValueRecord:
 
 @dataclass(frozen=True)
 class DelegateCallRecord:
-    """One delegate call of a run: where, which delegate, what ran it and how long it took."""
+    """One delegate call of a run: where, which delegate, what ran it and how long it took, the
+    value indices of its inputs and outputs, and with ``keep_delegate_io`` copies of the tensors
+    it read and wrote (in the program's layout)."""
 
     instruction: int
     delegate: int
@@ -64,6 +66,10 @@ class DelegateCallRecord:
     implementation: str
     seconds: float
     chain: int = 0
+    input_indices: tuple[int, ...] = ()
+    output_indices: tuple[int, ...] = ()
+    inputs: tuple[torch.Tensor, ...] | None = None
+    outputs: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -568,13 +574,21 @@ class _Recorder:
             )
 
 
-def execute(plan: MethodPlan, inputs: Sequence[Any], *, keep_values: bool = False) -> RunResult:
+def execute(
+    plan: MethodPlan,
+    inputs: Sequence[Any],
+    *,
+    keep_values: bool = False,
+    keep_delegate_io: bool = False,
+) -> RunResult:
     """Runs a checked plan on ``inputs``."""
     with torch.no_grad():
-        return _execute(plan, inputs, keep_values)
+        return _execute(plan, inputs, keep_values, keep_delegate_io)
 
 
-def _execute(plan: MethodPlan, inputs: Sequence[Any], keep_values: bool) -> RunResult:
+def _execute(
+    plan: MethodPlan, inputs: Sequence[Any], keep_values: bool, keep_delegate_io: bool
+) -> RunResult:
     method = plan.method
     if plan.issues:
         raise UnsupportedProgramError(method.name, plan.issues)
@@ -588,7 +602,7 @@ def _execute(plan: MethodPlan, inputs: Sequence[Any], keep_values: bool) -> RunR
             recorder.record(index, "input")
     result = RunResult(method.name, [], 0.0, warnings=warnings)
     for chain_index, steps in enumerate(plan.chains):
-        _run_chain(frame, chain_index, steps, result, recorder)
+        _run_chain(frame, chain_index, steps, result, recorder, keep_delegate_io)
     outputs = []
     for index in method.outputs:
         if recorder is not None:
@@ -608,6 +622,7 @@ def _run_chain(
     steps: list[Step],
     result: RunResult,
     recorder: _Recorder | None,
+    keep_delegate_io: bool,
 ) -> None:
     method = frame.method
     budget = MAX_STEPS_PER_INSTRUCTION * max(len(steps), 1)
@@ -642,7 +657,7 @@ def _run_chain(
             if recorder is not None:
                 recorder.wrote(chain, item.position, kernel.written(frame, item.args))
         elif item.kind == "delegate":
-            _call_delegate(frame, chain, step, where, result, recorder)
+            _call_delegate(frame, chain, step, where, result, recorder, keep_delegate_io)
         elif item.kind == "move":
             frame.set(item.move_to, frame.values[item.move_from])
             if recorder is not None:
@@ -663,6 +678,7 @@ def _call_delegate(
     where: str,
     result: RunResult,
     recorder: _Recorder | None,
+    keep_delegate_io: bool,
 ) -> None:
     delegate, entry = step.delegate, step.backend
     assert delegate is not None and entry is not None
@@ -680,6 +696,7 @@ def _call_delegate(
     )
     if recorder is not None:
         recorder.read(args[:split])
+    kept_inputs = tuple(t.clone() for t in call.inputs) if keep_delegate_io else None
     began = time.perf_counter()
     try:
         implementation = entry.backend.execute(call)
@@ -697,6 +714,10 @@ def _call_delegate(
             implementation,
             seconds,
             chain,
+            input_indices=tuple(args[:split]),
+            output_indices=tuple(args[split:]),
+            inputs=kept_inputs,
+            outputs=tuple(t.clone() for t in call.outputs) if keep_delegate_io else None,
         )
     )
     if recorder is not None:

@@ -154,11 +154,18 @@ class PteProgram:
             raise UnsupportedProgramError(method, issues)
 
     def run(
-        self, inputs: Sequence[Any], method: str = "forward", *, keep_values: bool = False
+        self,
+        inputs: Sequence[Any],
+        method: str = "forward",
+        *,
+        keep_values: bool = False,
+        keep_delegate_io: bool = False,
     ) -> RunResult:
         """Runs ``method`` on ``inputs`` (tensors, or Python scalars for scalar inputs) and
         returns its outputs with timings and warnings; ``keep_values`` adds every value the run
-        produced (``RunResult.values``: value index -> ``ValueRecord``).
+        produced (``RunResult.values``: value index -> ``ValueRecord``), ``keep_delegate_io``
+        only the tensors each delegate call read and wrote (``DelegateCallRecord.inputs`` and
+        ``.outputs``).
 
         Before anything runs: every operator and backend is checked
         (``UnsupportedProgramError``), then the inputs against the method's (count, shape,
@@ -169,4 +176,6 @@ class PteProgram:
                 f"inputs must be a list or tuple of the method's inputs, got "
                 f"{type(inputs).__name__}"
             )
-        return execute(self._plan(method), inputs, keep_values=keep_values)
+        return execute(
+            self._plan(method), inputs, keep_values=keep_values, keep_delegate_io=keep_delegate_io
+        )
