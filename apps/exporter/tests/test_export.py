@@ -231,7 +231,7 @@ def test_failed_export_leaves_nothing(tmp_path: Path) -> None:
     [
         (["demo", "nosuch"], "unknown demo 'nosuch'"),
         (["demo", "--quant-input", "snorm9"], "unknown qspec 'snorm9'"),
-        (["--model", "torch.nn:Identity"], "give --input-shape"),
+        (["--model", "torch.nn:Identity"], "give --inputs FILE or --input-shape"),
         (["--model", "os:getcwd", "--input-shape", "1x2"], "returned str, not a torch.nn.Module"),
         (["--model", "user_models"], "must be package.module:factory"),
         (["--model", "x:y", "--input-shape", "1x0x3"], "bad --input-shape"),

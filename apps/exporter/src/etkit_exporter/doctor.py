@@ -82,20 +82,52 @@ def check_torchao() -> str:
     return _expect_version("torchao", r"0\.18\.\d+.*", "torchao>=0.18,<0.19")
 
 
+def arm_check(mode: str, name: str, env: dict[str, str] | None = None) -> str:
+    """The check ``name`` of ExecuTorch's own VGF preflight
+    (``executorch.backends.arm.vgf.check_env``, report ``mode``: "aot" or "host-emulator"),
+    run with ``env`` as the process environment when given (etkit sets the ML emulation layers
+    per process, not in the user's shell); its detail when it passes or warns, else
+    ``CheckFailedError`` with its action as the fix."""
+    from executorch.backends.arm.vgf import check_env
+
+    reports = {
+        "aot": check_env.check_vgf_aot_environment,
+        "host-emulator": check_env.check_vgf_host_emulator_environment,
+    }
+    saved = dict(os.environ)
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        report = reports[mode]()
+    finally:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(saved)
+    for check in report.checks:
+        if check.name == name:
+            if not check.ok:
+                raise CheckFailedError(f"{name}: {check.detail}", check.action or SETUP_FIX)
+            return _first_line(check.detail)
+    raise CheckFailedError(f"ExecuTorch's check_env ({mode}) has no check named {name!r}")
+
+
 def check_tosa_serializer() -> str:
     version = _expect_version("tosa-tools", r"2026\.5\.0", "tosa-tools==2026.5.0")
-    import tosa_serializer  # noqa: F401
-
-    return f"tosa-tools {version}, tosa_serializer imports"
+    found = arm_check("aot", "TOSA serializer")
+    return f"tosa-tools {version}; check_env: {found}"
 
 
 def check_model_converter() -> str:
+    from etkit_exporter.tools import configure_model_converter
+
     try:
-        path = find_tool("model-converter")
+        path = configure_model_converter()  # as an export does, when the venv is not active
     except ToolNotFoundError as error:
         raise CheckFailedError(
             str(error), "pip install ai-ml-sdk-model-converter==0.11.0"
         ) from None
+    arm_check("aot", "MLSDK model converter")  # found by the Arm backend, answers --version
     done = _run([path, "--version"])
     if done.returncode != 0:
         raise CheckFailedError(
@@ -133,6 +165,7 @@ def check_emulation_layers() -> str:
     except ToolNotFoundError as error:
         raise CheckFailedError(str(error), "apt-get install vulkan-tools") from None
     env = ml_emulation_env()
+    arm_check("host-emulator", "VKML emulation layer", env)  # layers set and found
     done = _run([vulkaninfo], env=env)
     if done.returncode != 0:
         raise CheckFailedError(f"vulkaninfo failed: {done.stderr.strip()[-300:]}")

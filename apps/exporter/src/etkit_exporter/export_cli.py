@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import torch
 
 from etkit_exporter.diagnostics import root_cause
+from etkit_exporter.export_config import CONFIG_NAME, OPTIONS, render_config
 
 EXAMPLES = """examples:
   etkit-export demo                # the flow-warp demo, for VGF, into artifacts/flow-warp-vgf
@@ -59,7 +60,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     from etkit_exporter.demos import DEMOS
-    from etkit_exporter.pipeline import TARGETS
+    from etkit_exporter.pipeline import TARGETS, VGF_TOSA_SPEC
 
     parser = _Parser(
         prog="etkit-export",
@@ -72,7 +73,16 @@ def _parser() -> argparse.ArgumentParser:
         "demo", nargs="*", metavar="demo [NAME]",
         help=f"export a built-in demo: {', '.join(DEMOS)} (default flow-warp)",
     )  # fmt: skip
-    parser.add_argument("--model", metavar="MODULE:FACTORY", help="your model's factory")
+    parser.add_argument(
+        "-m", "--model", metavar="MODEL",
+        help="your model: MODULE:FACTORY, FILE.py:FACTORY, FILE.py (defining ModelUnderTest and "
+        "ModelInputs, as ExecuTorch's Arm compiler reads it) or FILE.pt2 (torch.export.save)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--inputs", "--model_input", metavar="FILE",
+        help="example inputs: a .pt (a tensor, or a tuple or list of them) or a .npz (arrays in "
+        "the order saved)",
+    )  # fmt: skip
     parser.add_argument(
         "--input-shape", action="append", default=[], metavar="NxCxHxW",
         help="shape of one example input (repeat per input; needed when the factory returns "
@@ -95,8 +105,25 @@ def _parser() -> argparse.ArgumentParser:
         help="the value range images in --calibration map to, e.g. -1,1 or 0,1",
     )  # fmt: skip
     parser.add_argument("--no-quant", action="store_true", help="export in float")
-    parser.add_argument("--target", choices=TARGETS, default="vgf")
-    parser.add_argument("--out", type=Path, help="artifacts folder (default artifacts/NAME-TARGET)")
+    parser.add_argument("-t", "--target", choices=TARGETS, default="vgf")
+    parser.add_argument(
+        "--tosa-spec", metavar="SPEC",
+        help=f"the TOSA specification VGF lowers to (default {VGF_TOSA_SPEC}; vgf only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "-o", "--out", "--output", type=Path,
+        help="artifacts folder (default artifacts/NAME-TARGET)",
+    )  # fmt: skip
+    parser.add_argument(
+        "-i", "--intermediates", type=Path, metavar="DIR",
+        help="where the VGF/TOSA intermediates go (default OUT/intermediates)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE",
+        help="a TOML file of these options (the command line overrides it); every export "
+        "writes the one that reproduces it as OUT/export.toml",
+    )  # fmt: skip
+    parser.add_argument("--version", action="store_true", help="print the versions and exit")
     parser.add_argument(
         "--force", action="store_true",
         help="replace an earlier etkit export at --out (never other files: see the README)",
@@ -140,12 +167,29 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def load_model(
-    spec: str, shapes: list[tuple[int, ...]]
+    spec: str, shapes: list[tuple[int, ...]], inputs: tuple[torch.Tensor, ...] | None = None
 ) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """Imports ``module:factory`` and calls it; the factory returns the module, or the module
-    and its example inputs. Random example inputs in [-1, 1] are made from ``shapes``."""
+    """The model ``spec`` names and its example inputs: ``module:factory`` or
+    ``file.py:factory`` (the factory returns the module, or the module and its example inputs),
+    ``file.py`` (defining ``ModelUnderTest`` and ``ModelInputs``, the convention of ExecuTorch's
+    Arm compiler) or ``file.pt2`` (``torch.export.save``: its module and example inputs).
+    ``inputs`` (from ``--inputs``), or random example inputs in [-1, 1] made from ``shapes``,
+    replace the model's own."""
+    for shape in shapes:
+        _check_fits_in_memory(shape)
+    given = _Given(shapes, inputs)
+    if spec.endswith(".pt2"):
+        return _load_pt2(Path(spec), given)
+    path_spec, _, attribute = spec.partition(":") if ".py:" in spec else (spec, "", "")
+    if path_spec.endswith(".py"):
+        module = _import_file(Path(path_spec))
+        if not attribute:
+            return _module_under_test(module, path_spec, given)
+        return _call_factory(module, path_spec, attribute, spec, given)
     if ":" not in spec:
-        raise UsageError(f"--model '{spec}' must be package.module:factory")
+        raise UsageError(
+            f"--model '{spec}' must be package.module:factory, file.py[:factory] or file.pt2"
+        )
     module_name, factory_name = spec.split(":", 1)
     try:
         module = importlib.import_module(module_name)
@@ -155,16 +199,130 @@ def load_model(
         raise UsageError(
             f"importing --model module '{module_name}' raised {root_cause(error)}; fix the module"
         ) from error
+    return _call_factory(module, module_name, factory_name, spec, given)
+
+
+class _Given:
+    """Example inputs given on the command line (``--inputs``, ``--input-shape``), if any."""
+
+    def __init__(self, shapes: list[tuple[int, ...]], inputs: tuple[torch.Tensor, ...] | None):
+        self.shapes, self.inputs = shapes, inputs
+
+    def __bool__(self) -> bool:
+        return bool(self.shapes) or self.inputs is not None
+
+    def make(self) -> tuple[torch.Tensor, ...]:
+        """Made after the model (whose construction may draw random numbers)."""
+        return self.inputs if self.inputs is not None else _random_inputs(self.shapes)
+
+
+def _import_file(path: Path) -> Any:
+    import importlib.util
+
+    if not path.is_file():
+        raise UsageError(f"--model file {path} does not exist")
+    name = f"_etkit_user_model_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise UsageError(f"--model file {path} cannot be imported as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        raise UsageError(
+            f"running --model file {path} raised {root_cause(error)}; fix the file"
+        ) from error
+    return module
+
+
+def _module_under_test(
+    module: Any, path: str, given: _Given
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    model = getattr(module, "ModelUnderTest", None)
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(
+            f"--model file {path} defines no ModelUnderTest module: define ModelUnderTest "
+            "(a torch.nn.Module instance) and ModelInputs, or name a factory as "
+            f"{path}:FACTORY"
+        )
+    if given:
+        return model, given.make()
+    inputs = getattr(module, "ModelInputs", None)
+    if inputs is None:
+        raise UsageError(f"--model file {path} defines no ModelInputs: define it or give --inputs")
+    return model, inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(
+        inputs, list
+    ) else (inputs,)
+
+
+def _load_pt2(path: Path, given: _Given) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    if not path.is_file():
+        raise UsageError(f"--model file {path} does not exist")
+    try:
+        program = torch.export.load(path)
+    except Exception as error:
+        raise UsageError(
+            f"--model {path} is not a program written by torch.export.save ({root_cause(error)})"
+        ) from error
+    module = program.module()
+    # The program's train/eval mode was fixed when it was exported; its module refuses
+    # .train()/.eval(), which every export calls: give it back the plain Module methods.
+    for name in ("train", "eval"):
+        module.__dict__.pop(name, None)
+    if given:
+        return module, given.make()
+    example = program.example_inputs
+    if example is None or example[1]:
+        raise UsageError(
+            f"--model {path} holds no positional example inputs: give --inputs or --input-shape"
+        )
+    return module, tuple(example[0])
+
+
+def _random_inputs(shapes: list[tuple[int, ...]]) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(0)
+    return tuple(torch.rand(shape) * 2 - 1 for shape in shapes)
+
+
+def load_inputs(path: Path) -> tuple[torch.Tensor, ...]:
+    """Example inputs from ``path``: a ``.pt`` holding a tensor or a tuple/list of tensors, or a
+    ``.npz`` (arrays in the order saved)."""
+    if not path.is_file():
+        raise UsageError(f"--inputs {path} does not exist")
+    try:
+        if path.suffix == ".npz":
+            import numpy as np
+
+            with np.load(path, allow_pickle=False) as data:
+                values: Any = [torch.from_numpy(data[name].copy()) for name in data.files]
+        elif path.suffix == ".pt":
+            values = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise UsageError(f"--inputs {path}: give a .pt or .npz file")
+    except UsageError:
+        raise
+    except Exception as error:
+        raise UsageError(f"--inputs {path} cannot be read: {root_cause(error)}") from error
+    values = values if isinstance(values, list | tuple) else [values]
+    if not values or not all(isinstance(v, torch.Tensor) for v in values):
+        kinds = ", ".join(type(v).__name__ for v in values) or "nothing"
+        raise UsageError(f"--inputs {path} must hold tensors (one per model input), got {kinds}")
+    return tuple(v if v.dtype != torch.float64 else v.float() for v in values)
+
+
+def _call_factory(
+    module: Any, where: str, factory_name: str, spec: str, given: _Given
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     factory = getattr(module, factory_name, None)
     if factory is None:
-        raise UsageError(f"--model module '{module_name}' has no '{factory_name}'")
+        raise UsageError(f"--model module '{where}' has no '{factory_name}'")
     if not callable(factory):
         raise UsageError(
             f"--model '{spec}' is a {type(factory).__name__}, not a callable factory that returns "
             "the model (or the model and its example inputs)"
         )
-    for shape in shapes:
-        _check_fits_in_memory(shape)
     try:
         made = factory()
     except Exception as error:
@@ -172,15 +330,15 @@ def load_model(
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
         model, inputs = made
         inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
-        if shapes:
-            inputs = tuple(torch.rand(shape) * 2 - 1 for shape in shapes)
-        return model, inputs
+        return model, given.make() if given else inputs
     if not isinstance(made, torch.nn.Module):
         raise UsageError(f"--model factory returned {type(made).__name__}, not a torch.nn.Module")
-    if not shapes:
-        raise UsageError("--model factory returned only the module: give --input-shape per input")
-    torch.manual_seed(0)
-    return made, tuple(torch.rand(shape) * 2 - 1 for shape in shapes)
+    if not given:
+        raise UsageError(
+            "--model factory returned only the module: give --inputs FILE or --input-shape per "
+            "input"
+        )
+    return made, given.make()
 
 
 def _check_fits_in_memory(shape: tuple[int, ...]) -> None:
@@ -254,7 +412,8 @@ def _summary(result: Any, seconds: float) -> str:
                 + steps
             )
     lines.append("artifacts:")
-    for name in ("model.pte", "io_quant_params.json", "report.json", "report.md", "intermediates"):
+    names = ("model.pte", "io_quant_params.json", "report.json", "report.md", "export.toml")
+    for name in (*names, "intermediates"):
         path = result.artifacts_root / name
         if path.exists():
             lines.append(f"  {path}")
@@ -269,7 +428,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     quiet_third_party_noise()  # before torch and torchao are imported
     try:
-        args = _parser().parse_args(argv)
+        args = _parse(argv)
+        if args.version:
+            print(version_line())
+            return 0
         if args.verbose or os.environ.get("EXPORT_EXECUTORCH_VERBOSE") == "1":
             logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
             for name in ("etkit_quant", "etkit_layout", "etkit_partition", "etkit_gridsampler",
@@ -291,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = args.out if args.out is not None else Path("artifacts") / f"{name}-{args.target}"
         destination = check_destination(out, args.force)
     except (UsageError, ValueError, FileExistsError) as error:
-        print(f"etkit-export: usage error: {error}", file=sys.stderr)
+        print(f"etkit-export: usage error: {error}".splitlines()[0], file=sys.stderr)
         return 2
     except ModelError as error:
         print(f"etkit-export: export failed: {error}", file=sys.stderr)
@@ -314,9 +476,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             enable_pt2e_quantization=not args.no_quant,
             **samplers,
             target=args.target,
+            tosa_spec=args.tosa_spec,
+            intermediate_artifacts_root=args.intermediates,
             verify=args.verify,
             force=args.force,
             on_stage=_Progress(sys.stdout),
+            extra_artifacts={CONFIG_NAME: render_config(_config_of(args, name, out)).encode()},
         )
     except (TypeError, ValueError, FileExistsError) as error:
         print(f"etkit-export: usage error: {error}", file=sys.stderr)
@@ -381,6 +546,14 @@ def _model_from(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple[torch.
     from etkit_exporter.demos import DEMOS
 
     shapes = [parse_shape(s) for s in args.input_shape]
+    if args.tosa_spec is not None:
+        from etkit_exporter.pipeline import check_tosa_spec
+
+        if args.target != "vgf":
+            raise UsageError("--tosa-spec applies to --target vgf only")
+        check_tosa_spec(args.tosa_spec, args.target, not args.no_quant)
+    if args.inputs is not None and shapes:
+        raise UsageError("give --inputs or --input-shape, not both")
     quant_options = (
         args.quant_input, args.quant_output, args.quant_grid, args.quant_sampler_image,
         args.quant_sampler_output, args.calibration,
@@ -396,9 +569,10 @@ def _model_from(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple[torch.
             raise UsageError(f"unexpected arguments {' '.join(args.demo)} (try: demo [NAME])")
         if args.model:
             raise UsageError("give either demo [NAME] or --model, not both")
-        if shapes:
+        if shapes or args.inputs is not None:
             raise UsageError(
-                "--input-shape applies to --model only: a demo has its own example inputs"
+                "--input-shape and --inputs apply to --model only: a demo has its own example "
+                "inputs"
             )
         name = args.demo[1] if len(args.demo) == 2 else "flow-warp"
         if name not in DEMOS:
@@ -407,8 +581,67 @@ def _model_from(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple[torch.
         return model, inputs, name
     if not args.model:
         raise UsageError("nothing to export: give demo [NAME] or --model MODULE:FACTORY")
-    model, inputs = load_model(args.model, shapes)
-    return model, inputs, args.model.split(":")[-1]
+    given = load_inputs(Path(args.inputs)) if args.inputs is not None else None
+    model, inputs = load_model(args.model, shapes, given)
+    return model, inputs, _model_name(args.model)
+
+
+def _config_of(args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]:
+    """The options of this export as ``export.toml`` holds them: the demo by name, the
+    artifacts folder as resolved (not the flags that only steer the command: --force,
+    --verbose, --config)."""
+    options = {key: value for key, value in vars(args).items() if key in OPTIONS}
+    options["demo"] = name if args.demo else None
+    options["out"] = str(out)
+    if args.intermediates is not None:
+        options["intermediates"] = str(args.intermediates)
+    return options
+
+
+def _model_name(spec: str) -> str:
+    """The name of the default artifacts folder: the factory, or the file's stem."""
+    if ":" in spec:
+        return spec.rsplit(":", 1)[-1]
+    return Path(spec).stem
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line over the options of ``--config FILE``, if given."""
+    from etkit_exporter.export_config import ConfigError, read_config
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.config is None:
+        return args
+    try:
+        options = read_config(args.config)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    demo = options.pop("demo", None)
+    for key in ("out", "intermediates"):
+        if key in options:
+            options[key] = Path(options[key])
+    parser.set_defaults(**options)
+    args = parser.parse_args(argv)
+    if demo is not None and not args.demo and args.model is None:
+        args.demo = ["demo", demo]
+    return args
+
+
+def version_line() -> str:
+    """``etkit-export``'s version and those of the toolchain it runs on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = []
+    for name in ("etkit-exporter", "etkit-gridsampler", "etkit-quant", "etkit-partition",
+                 "etkit-layout", "executorch", "torch", "torchao"):  # fmt: skip
+        try:
+            parts.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            parts.append(f"{name} not installed")
+    from etkit_exporter import __version__
+
+    return f"etkit-export {__version__} ({'; '.join(parts)})"
 
 
 if __name__ == "__main__":

@@ -6,10 +6,11 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,48 @@ def _check_arguments(
     return example_inputs
 
 
+def check_tosa_spec(tosa_spec: object, target: str, quantized: bool) -> str:
+    """The TOSA specification to lower to, checked (``VGF_TOSA_SPEC`` when ``None``)."""
+    if tosa_spec is None:
+        return VGF_TOSA_SPEC
+    if not isinstance(tosa_spec, str):
+        raise TypeError(f"tosa_spec must be a string such as {VGF_TOSA_SPEC!r}")
+    if target != "vgf":
+        raise ValueError(f"tosa_spec applies to target 'vgf' only, not {target!r}")
+    from executorch.backends.arm.tosa import TosaSpecification
+
+    try:
+        parsed = TosaSpecification.create_from_string(tosa_spec)
+    except ValueError as error:
+        raise ValueError(
+            f"tosa_spec {tosa_spec!r} is not a TOSA specification ({error}); e.g. {VGF_TOSA_SPEC!r}"
+        ) from None
+    if quantized and not parsed.support_integer():
+        raise ValueError(
+            f"tosa_spec {tosa_spec!r} has no INT profile, and a quantized export lowers integer "
+            f"operators: add +INT (e.g. {VGF_TOSA_SPEC!r}) or export with quantization off"
+        )
+    return tosa_spec
+
+
+def _check_extra_artifacts(extra: object) -> dict[str, bytes]:
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise TypeError(f"extra_artifacts must map file names to bytes, got {type(extra).__name__}")
+    reserved = {"model.pte", "io_quant_params.json", "report.json", "report.md", "intermediates"}
+    checked = {}
+    for name, data in extra.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise ValueError(f"extra_artifacts name {name!r} must be a plain file name")
+        if name in reserved or name.startswith("etkit-") or name.startswith("verify_output_"):
+            raise ValueError(f"extra_artifacts name {name!r} is one etkit writes itself")
+        if not isinstance(data, bytes):
+            raise TypeError(f"extra_artifacts[{name!r}] must be bytes, got {type(data).__name__}")
+        checked[name] = data
+    return checked
+
+
 def check_example_tensor(value: torch.Tensor, what: str) -> None:
     """Refuses a tensor an export cannot take as an example or calibration input: not a dense
     CPU tensor, a float type other than float32, NaN or infinite values. The error names
@@ -187,10 +230,12 @@ def export_model(
     calibration: Iterable[tuple[torch.Tensor, ...]] | None = None,
     enable_pt2e_quantization: bool = True,
     target: str = "vgf",
+    tosa_spec: str | None = None,
     verify: bool = False,
     force: bool = False,
     on_stage: StageCallback | None = None,
     on_calibration_sample: Callable[[int, int], None] | None = None,
+    extra_artifacts: Mapping[str, bytes] | None = None,
 ) -> ExportResult:
     """Exports ``model`` to an ExecuTorch program for ``target`` ("vgf": VGF plus etkit's grid
     sampler; "xnnpack": XNNPACK plus etkit's grid sampler), writing under ``artifacts_root``:
@@ -206,9 +251,13 @@ def export_model(
     SNORM16 for grids in [-1, 1], a power-of-two int16 scale covering wider grids, observed int8
     parameters for anything else, so no default clips. Every fixed-parameter boundary and sampler
     input gets a saturation record (``result.saturation``, report.json/.md, a logged warning past
-    0.1 %). ``verify`` (target "xnnpack") runs the program in ``executorch.runtime`` and compares
-    it with the float and the quantized model (target "vgf": in ``etkit_exporter.runner``, its VGF
-    delegates run by ``scenario_runner`` on the Vulkan device).
+    0.1 %). ``tosa_spec`` (target "vgf"): the TOSA specification VGF lowers to (default
+    ``VGF_TOSA_SPEC``; a quantized export needs INT, int16 grids the int16 extension).
+    ``extra_artifacts``: more files (name -> bytes) written into the artifacts folder and
+    listed in its manifest, such as the CLI's ``export.toml``. ``verify`` (target "xnnpack")
+    runs the program in ``executorch.runtime`` and compares it with the float and the quantized
+    model (target "vgf": in ``etkit_exporter.runner``, its VGF delegates run by
+    ``scenario_runner`` on the Vulkan device).
 
     Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``;
     ``etkit_exporter.artifacts.DestinationError``, a ``ValueError``, for an ``artifacts_root``
@@ -220,6 +269,8 @@ def export_model(
     says so) and leaves nothing behind."""
     root = Path(artifacts_root)
     inputs = _check_arguments(model, example_inputs, target)
+    spec = check_tosa_spec(tosa_spec, target, enable_pt2e_quantization)
+    extras = _check_extra_artifacts(extra_artifacts)
     _check_forward(model.eval(), inputs)
     quant = _QuantOptions(
         enabled=enable_pt2e_quantization,
@@ -246,9 +297,12 @@ def export_model(
                 Path(intermediate_artifacts_root) if intermediate_artifacts_root else None,
                 quant,
                 target,
+                spec,
                 verify,
                 stages,
             )
+            for name, data in extras.items():
+                (staging.path / name).write_bytes(data)
             staging.commit(force, producer={"tool": "etkit-exporter", "version": __version__})
     except (ExportError, OSError) as error:
         full = _disk_full(error)
@@ -304,6 +358,7 @@ def _run(
     intermediates_root: Path | None,
     quant: _QuantOptions,
     target: str,
+    tosa_spec: str,
     verify: bool,
     stages: _Stages,
 ) -> ExportResult:
@@ -330,7 +385,7 @@ def _run(
         exported = torch.export.export(model, inputs, strict=True)
         num_outputs = len(exported.graph_signature.user_outputs)
         _check_grid_samplers(exported)
-    base, partitioner, spec = _backend(target, intermediates)
+    base, partitioner, spec = _backend(target, intermediates, tosa_spec)
     quantizer = None
     saturations: tuple[Saturation, ...] = ()
     if quant.enabled:
@@ -537,7 +592,7 @@ def _boundary_quantizer(
     return quantizer, saturations
 
 
-def _backend(target: str, intermediates: Path) -> tuple[Any, Any, str | None]:
+def _backend(target: str, intermediates: Path, tosa_spec: str) -> tuple[Any, Any, str | None]:
     """The base quantizer, the main partitioner and the TOSA spec of a target."""
     if target == "vgf":
         from executorch.backends.arm.quantizer import (
@@ -549,11 +604,11 @@ def _backend(target: str, intermediates: Path) -> tuple[Any, Any, str | None]:
         from etkit_exporter.tools import configure_model_converter
 
         configure_model_converter()
-        spec = VgfCompileSpec(VGF_TOSA_SPEC)
+        spec = VgfCompileSpec(tosa_spec)
         spec.dump_intermediate_artifacts_to(str(intermediates))
         base = VgfQuantizer(spec)
         base.set_global(get_symmetric_quantization_config())
-        return base, VgfPartitioner(spec), VGF_TOSA_SPEC
+        return base, VgfPartitioner(spec), tosa_spec
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
