@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
         "io_quant_params.json beside the program) and writes output_K.npy and, for image-like "
         "outputs, output_K.png into --out. Exit status 0 run, 2 bad input.",
     )
-    run.add_argument("pte", type=Path, metavar="MODEL.pte")
+    run.add_argument("pte", type=Path, metavar="MODEL.pte",
+                     help="an etkit export, or a model.bpte to check its test cases")  # fmt: skip
     run.add_argument("--input", action="append", type=Path, default=[], metavar="FILE",
                      help="one per program input, in order")  # fmt: skip
     run.add_argument("--out", type=Path, default=Path("run-outputs"), metavar="DIR")
@@ -55,6 +56,8 @@ def _run(args: argparse.Namespace) -> int:
     from etkit_exporter.calibration_data import CalibrationDataError, parse_image_range
     from etkit_exporter.run_cli import RunUsageError, run_export
 
+    if args.pte.suffix == ".bpte":
+        return _run_bundle(args)
     try:
         summary = run_export(
             args.pte,
@@ -72,6 +75,34 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  warning: {warning}")
     print(f"ran in {summary['seconds']:.2f} s; wrote {', '.join(summary['outputs'])} to {args.out}")
     return 0
+
+
+def _run_bundle(args: argparse.Namespace) -> int:
+    """``etkit run model.bpte``: every bundled test case against its expected outputs."""
+    from etkit_exporter.bundle import BundleError, run_bundle
+    from etkit_exporter.runner import ProgramInputError, PteError
+
+    if args.input:
+        print("etkit run: a .bpte holds its own inputs: drop --input", file=sys.stderr)
+        return 2
+    try:
+        runner, checks = run_bundle(args.pte, grid_sampler_impl=args.backend_impl)
+    except (BundleError, PteError, ProgramInputError) as error:
+        print(f"etkit run: {error}".splitlines()[0], file=sys.stderr)
+        return 2
+    for check in checks:
+        verdict = "ok" if check.passes else "MISMATCH"
+        print(
+            f"  case {check.case} output {check.output}: {check.differing} of {check.total} "
+            f"values differ, max {check.max_steps:g} steps (tolerance "
+            f"{check.tolerance_steps:g}): {verdict}"
+        )
+    failed = [c for c in checks if not c.passes]
+    print(
+        f"{args.pte}: {'all outputs match' if not failed else f'{len(failed)} outputs differ'} "
+        f"(ran in {runner})"
+    )
+    return 0 if not failed else 1
 
 
 def quiet_third_party_noise() -> None:

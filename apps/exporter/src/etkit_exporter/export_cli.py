@@ -133,6 +133,11 @@ def _parser() -> argparse.ArgumentParser:
         help="run the written program and compare it with the float and quantized models "
         "(xnnpack: executorch.runtime; vgf: etkit's runner, VGF on Vulkan)",
     )  # fmt: skip
+    parser.add_argument(
+        "--bundle", "--bundleio", action="store_true",
+        help="also write model.bpte: the program with the example inputs in its IO types and "
+        "its own verified outputs (implies --verify)",
+    )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="debug logs of etkit and Arm")
     return parser
 
@@ -370,7 +375,7 @@ class _Progress(_TerminalOutput):
     def __call__(self, stage: str, seconds: float) -> None:
         if self.tty:
             self.stream.write(f"\r\033[K  {stage:<26} done in {seconds:6.2f} s")
-            self.stream.write("\n" if stage in ("serialize", "verify") else "")
+            self.stream.write("\n" if stage in ("serialize", "verify", "bundle") else "")
         else:
             self.stream.write(f"stage {stage}: {seconds:.2f} s\n")
         self.stream.flush()
@@ -412,7 +417,8 @@ def _summary(result: Any, seconds: float) -> str:
                 + steps
             )
     lines.append("artifacts:")
-    names = ("model.pte", "io_quant_params.json", "report.json", "report.md", "export.toml")
+    names = ("model.pte", "model.bpte", "io_quant_params.json", "report.json", "report.md",
+             "export.toml")  # fmt: skip
     for name in (*names, "intermediates"):
         path = result.artifacts_root / name
         if path.exists():
@@ -479,6 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tosa_spec=args.tosa_spec,
             intermediate_artifacts_root=args.intermediates,
             verify=args.verify,
+            bundle=args.bundle,
             force=args.force,
             on_stage=_Progress(sys.stdout),
             extra_artifacts={CONFIG_NAME: render_config(_config_of(args, name, out)).encode()},

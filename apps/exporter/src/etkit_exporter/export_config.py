@@ -34,6 +34,7 @@ OPTIONS: Final[dict[str, str]] = {
     "out": "str",
     "intermediates": "str",
     "verify": "bool",
+    "bundle": "bool",
 }
 
 CONFIG_NAME: Final = "export.toml"

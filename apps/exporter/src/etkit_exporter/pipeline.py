@@ -136,7 +136,10 @@ def _check_extra_artifacts(extra: object) -> dict[str, bytes]:
         return {}
     if not isinstance(extra, Mapping):
         raise TypeError(f"extra_artifacts must map file names to bytes, got {type(extra).__name__}")
-    reserved = {"model.pte", "io_quant_params.json", "report.json", "report.md", "intermediates"}
+    reserved = {
+        "model.pte", "model.bpte", "model.bpte.json", "io_quant_params.json", "report.json",
+        "report.md", "intermediates", "etrecord.bin",
+    }  # fmt: skip
     checked = {}
     for name, data in extra.items():
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
@@ -232,6 +235,7 @@ def export_model(
     target: str = "vgf",
     tosa_spec: str | None = None,
     verify: bool = False,
+    bundle: bool = False,
     force: bool = False,
     on_stage: StageCallback | None = None,
     on_calibration_sample: Callable[[int, int], None] | None = None,
@@ -257,7 +261,10 @@ def export_model(
     listed in its manifest, such as the CLI's ``export.toml``. ``verify`` (target "xnnpack")
     runs the program in ``executorch.runtime`` and compares it with the float and the quantized
     model (target "vgf": in ``etkit_exporter.runner``, its VGF delegates run by
-    ``scenario_runner`` on the Vulkan device).
+    ``scenario_runner`` on the Vulkan device). ``bundle`` (implies ``verify``) also writes
+    ``model.bpte``: the program with the example inputs in its IO types and, as expected
+    outputs, what it returned on them in that verified run; ``model.bpte.json`` beside it says
+    so and gives the tolerance (``etkit_exporter.bundle``).
 
     Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``;
     ``etkit_exporter.artifacts.DestinationError``, a ``ValueError``, for an ``artifacts_root``
@@ -298,7 +305,8 @@ def export_model(
                 quant,
                 target,
                 spec,
-                verify,
+                verify or bundle,
+                bundle,
                 stages,
             )
             for name, data in extras.items():
@@ -360,6 +368,7 @@ def _run(
     target: str,
     tosa_spec: str,
     verify: bool,
+    bundle: bool,
     stages: _Stages,
 ) -> ExportResult:
     from executorch.exir import to_edge_transform_and_lower
@@ -433,7 +442,10 @@ def _run(
     layout_passes = [channels_last] if target == "vgf" else []
     with stages.stage("lower_main"):
         manager = to_edge_transform_and_lower(
-            program, partitioner=[policies], transform_passes=layout_passes
+            program,
+            partitioner=[policies],
+            transform_passes=layout_passes,
+            generate_etrecord=True,  # the record survives to_backend and to_executorch
         )
     grid_partitioner = GridSamplerPartitioner()
     with stages.stage("lower_grid_sampler"):
@@ -457,18 +469,35 @@ def _run(
         check_call_sites(manager.exported_program())
     with stages.stage("serialize"):
         strip_build_paths(manager.exported_program())
-        pte = manager.to_executorch().buffer
+        executorch_manager = manager.to_executorch()
+        pte = executorch_manager.buffer
         io_params = with_pte_layouts(io_params, pte)  # the dim orders the .pte really has
         (work / "model.pte").write_bytes(pte)
         (work / "io_quant_params.json").write_text(json.dumps(io_params, indent=2) + "\n")
+    with stages.stage("etrecord"):
+        from etkit_exporter.etrecord import ETRECORD_NAME, etrecord_bytes
+
+        (work / ETRECORD_NAME).write_bytes(
+            etrecord_bytes(executorch_manager, inputs, forbidden_paths=[work, intermediates])
+        )
     verification = None
     if verify:
-        from etkit_exporter.verify import verify_program
+        from etkit_exporter.verify import RUNNERS, verify_run
 
         with stages.stage("verify"):
-            verification = verify_program(
+            run = verify_run(
                 work / "model.pte", model, converted, inputs, io_params, target, pictures=work
             )
+            verification = run.verification
+        if bundle:
+            from etkit_exporter.bundle import BUNDLE_NAME, SIDECAR_NAME, bundle_bytes, sidecar
+
+            with stages.stage("bundle"):
+                (work / BUNDLE_NAME).write_bytes(
+                    bundle_bytes(work / "model.pte", run.inputs, run.outputs)
+                )
+                side = sidecar(io_params, RUNNERS.get(target, "executorch.runtime"))
+                (work / SIDECAR_NAME).write_text(json.dumps(side, indent=2) + "\n")
     report = build_report(
         manager.exported_program(),
         target=target,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,16 @@ def _steps(actual: torch.Tensor, reference: torch.Tensor, entry: dict[str, Any])
     return {"max_steps": int(steps.max()), "steps_histogram": histogram}
 
 
+@dataclass(frozen=True)
+class VerifiedRun:
+    """A verification and the run it judged: the program's inputs (the example inputs in its IO
+    types and layouts) and its outputs as it returned them."""
+
+    verification: dict[str, Any]
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+
+
 def verify_program(
     pte: Path,
     model: torch.nn.Module,
@@ -150,6 +161,21 @@ def verify_program(
     target: str = "xnnpack",
     pictures: Path | None = None,
 ) -> dict[str, Any]:
+    """``verify_run(...).verification``."""
+    return verify_run(
+        pte, model, quantized_model, example_inputs, io_params, target, pictures
+    ).verification
+
+
+def verify_run(
+    pte: Path,
+    model: torch.nn.Module,
+    quantized_model: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    io_params: dict[str, Any],
+    target: str = "xnnpack",
+    pictures: Path | None = None,
+) -> VerifiedRun:
     """Runs the written ``pte`` on integer inputs made from the example inputs through
     ``io_params`` (an XNNPACK program in ``executorch.runtime``; a VGF program, which that
     runtime cannot run, in ``etkit_exporter.runner`` with its VGF delegates on the Vulkan device
@@ -205,4 +231,4 @@ def verify_program(
     }
     if delegates is not None:
         verification["delegates"] = delegates
-    return verification
+    return VerifiedRun(verification, inputs, [y.clone() for y in raw])
