@@ -59,6 +59,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
   # (pip's config here lists optional local indexes; its warnings about the absent ones are noise)
   quiet() { "$@" 2>&1 | { grep -v "^WARNING: Location 'file:" || true; }; }
   quiet "$venv/bin/pip" install -q -c "$root/requirements/constraints.txt" -r "$root/requirements/dev.txt"
+  quiet "$venv/bin/pip" install -q --no-deps -r "$root/requirements/no-deps.txt"
   say "installing the etkit packages editable"
   quiet "$venv/bin/pip" install -q --no-deps --no-build-isolation \
     -e "$root/libs/quant" -e "$root/libs/partition" -e "$root/libs/layout" \

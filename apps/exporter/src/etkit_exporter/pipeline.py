@@ -489,6 +489,9 @@ def _run(
                 work / "model.pte", model, converted, inputs, io_params, target, pictures=work
             )
             verification = run.verification
+            from etkit_exporter.model_explorer import write_node_data
+
+            write_node_data(work, verification)  # Model Explorer per-node data, per delegate
         if bundle:
             from etkit_exporter.bundle import BUNDLE_NAME, SIDECAR_NAME, bundle_bytes, sidecar
 
