@@ -23,6 +23,7 @@ from torchao.quantization.pt2e.quantizer import QuantizationSpec
 from etkit_exporter import __version__
 from etkit_exporter.artifacts import Staging, check_destination
 from etkit_exporter.diagnostics import root_cause
+from etkit_exporter.provenance import shared_provenance
 from etkit_quant import (
     BoundaryQuantizer,
     Saturation,
@@ -296,7 +297,7 @@ def export_model(
         logger.warning("%s", note)
     stages = _Stages(on_stage)
     try:
-        with _sigterm_as_exit(), Staging(destination) as staging:
+        with _sigterm_as_exit(), Staging(destination) as staging, shared_provenance():
             result = _run(
                 model.eval(),
                 inputs,

@@ -1,0 +1,54 @@
+"""``shared_provenance``: the provenance torch records per pass, kept without the quadratic
+deep copy, and exports byte-identical with and without it."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+import torch.fx.traceback as fx_traceback
+
+from etkit_exporter import export_model, pipeline
+from etkit_exporter.demos import DEMOS
+from etkit_exporter.provenance import shared_provenance
+
+
+def _node_with_history() -> torch.fx.Node:
+    graph = torch.fx.Graph()
+    node = graph.placeholder("x")
+    node.meta["from_node"] = [fx_traceback.NodeSource(None, "earlier pass")]
+    return node
+
+
+def test_entries_are_shared_inside_and_copied_outside() -> None:
+    node = _node_with_history()
+    (entry,) = node.meta["from_node"]
+    with shared_provenance():
+        with shared_provenance():  # re-entrant
+            inner = fx_traceback.NodeSource(node, "a pass")
+        shared = fx_traceback.NodeSource(node, "a pass")
+    copied = fx_traceback.NodeSource(node, "a pass")
+    assert inner.from_node[0] is entry and shared.from_node[0] is entry
+    assert shared.from_node is not node.meta["from_node"]  # a list of its own
+    assert copied.from_node[0] is not entry  # torch's own deep copy once the block ends
+    assert copied.from_node[0].pass_name == shared.from_node[0].pass_name == "earlier pass"
+    assert fx_traceback.copy.deepcopy is __import__("copy").deepcopy
+
+
+def test_restored_when_the_block_raises() -> None:
+    with pytest.raises(RuntimeError), shared_provenance():
+        raise RuntimeError("a failing stage")
+    node = _node_with_history()
+    assert fx_traceback.NodeSource(node).from_node[0] is not node.meta["from_node"][0]
+
+
+def test_export_is_byte_identical_with_and_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, inputs = DEMOS["resample"]()
+    shared = export_model(model, inputs, artifacts_root=tmp_path / "shared", target="vgf")
+    monkeypatch.setattr(pipeline, "shared_provenance", contextlib.nullcontext)
+    copied = export_model(model, inputs, artifacts_root=tmp_path / "copied", target="vgf")
+    assert shared.pte_path.read_bytes() == copied.pte_path.read_bytes()
