@@ -174,3 +174,42 @@ def test_cli_calibration_and_sampler_qspecs(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["grid_samplers"][0]["grid"]["scale"] == pytest.approx(2**-14)
     assert any(e["name"].endswith("grid") for e in report["saturation"])
+
+
+class WarpConcatFeatures(torch.nn.Module):
+    """A warped image concatenated with features three times wider than [-1, 1]: Arm's
+    quantizer gives the concatenation one scale, the image's fixed SNORM8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 3, 1, 1)
+        self.fuse = torch.nn.Conv2d(8, 3, 1)
+
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        features = self.conv(image) * 3.0
+        warped = F.grid_sample(torch.cat([image, image[:, :1]], 1), grid, align_corners=False)
+        return self.fuse(torch.cat([warped, features], 1))
+
+
+def test_clipping_inside_the_graph_is_reported_loudly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fixed range the backend's quantizer shares over a concatenation clips the other
+    inputs: the program matches the quantized model exactly and the float model at ~19 dB, and
+    the only trace used to be that PSNR. It is a saturation record and a warning now."""
+    torch.manual_seed(0)
+    model = WarpConcatFeatures().eval()
+    inputs = (torch.rand(1, 3, 16, 16) * 2 - 1, torch.rand(1, 16, 16, 2) * 2 - 1)
+    with caplog.at_level(logging.WARNING, logger="etkit_exporter.pipeline"):
+        result = export_model(model, inputs, artifacts_root=tmp_path / "out", target="vgf")
+    clipped = [r for r in result.saturation if r.name.startswith("tensor ")]
+    assert clipped, [r.name for r in result.saturation]
+    (record,) = clipped
+    assert "cat" in record.name and not record.passes() and 0.2 < record.fraction < 0.5
+    assert record.high == pytest.approx(1.0) and record.observed_max > 2
+    warnings = [r.getMessage() for r in caplog.records if "saturation" in r.getMessage()]
+    assert any(record.name in w for w in warnings), warnings
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert any(e["name"] == record.name and not e["passes"] for e in report["saturation"])
+    assert "**clips**" in (tmp_path / "out" / "report.md").read_text()

@@ -485,3 +485,33 @@ def test_quantize_calibrates_on_every_sample_with_the_chosen_defaults() -> None:
     assert scale == pytest.approx((high - low) / 254, rel=1e-5)
     assert (quant_min - zero_point) * scale == pytest.approx(low, abs=scale)
     assert len(call_nodes(converted, is_dequantize)) >= 3
+
+
+class _Requantized(torch.nn.Module):
+    """x * 3 quantized with SNORM8's parameters (clips), x quantized with wide ones (does not)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ops = torch.ops.quantized_decomposed
+        wide = ops.quantize_per_tensor.default(x + 0, 4 / 127, 0, -127, 127, torch.int8)
+        narrow = ops.quantize_per_tensor.default(x * 3, 1 / 127, 0, -127, 127, torch.int8)
+        return (
+            ops.dequantize_per_tensor.default(wide, 4 / 127, 0, -127, 127, torch.int8),
+            ops.dequantize_per_tensor.default(narrow, 1 / 127, 0, -127, 127, torch.int8),
+        )
+
+
+def test_clipping_report_counts_clamped_values_inside_the_graph() -> None:
+    import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers quantized_decomposed)
+
+    from etkit_quant import clipping_report
+
+    samples = [(torch.linspace(-1, 1, 201).view(1, 1, 1, 201),)]
+    module = torch.export.export(_Requantized(), samples[0]).module(check_guards=False)
+    (record,) = clipping_report(module, samples)
+    assert record.name.startswith("tensor mul")
+    # x * 3 > 1 + half a step (1/254) for |x| > (1 + 1/254) / 3
+    expected = int(((samples[0][0] * 3).abs() > 1 + 1 / 254).sum())
+    assert record.count == expected and record.total == 201 and not record.passes()
+    assert (record.low, record.high) == pytest.approx((-1.0, 1.0))
+    assert clipping_report(module, samples, fixed=[snorm8()])[0].count == expected
+    assert clipping_report(module, samples, fixed=[snorm16()]) == ()  # not a fixed range used

@@ -401,7 +401,12 @@ def _summary(result: Any, seconds: float) -> str:
     if result.saturation:
         lines.append("saturation (calibration values outside each fixed range):")
         for record in result.saturation:
-            verdict = "ok" if record.passes() else f"CLIPS: use {describe_qspec(record.instead())}"
+            instead = record.instead()
+            verdict = (
+                "ok"
+                if record.passes()
+                else "CLIPS" + (f": use {describe_qspec(instead)}" if instead else "")
+            )
             lines.append(
                 f"  {record.name}: {record.qspec}, {100 * record.fraction:.3g} % outside: {verdict}"
             )

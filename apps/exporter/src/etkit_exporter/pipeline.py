@@ -31,6 +31,7 @@ from etkit_quant import (
     check_calibration,
     default_qspecs,
     observe_ranges,
+    clipping_report,
     saturation_report,
 )
 from etkit_quant.graph import is_grid_sampler
@@ -424,6 +425,14 @@ def _run(
             converted = quantize_model(
                 graph, inputs, quantizer, calibration=quant.samples, on_sample=quant.on_sample
             )
+            # What the backend's quantizer chose inside the graph may clip too (one scale
+            # shared over a concatenation with a fixed-range input): never silently.
+            clipped = clipping_report(
+                converted, quant.samples or (inputs,), fixed=boundary_fixed_qspecs(quantizer)
+            )
+        for record in clipped:
+            logger.warning("saturation: %s", record.message())
+        saturations += clipped
     with stages.stage("re_export"):
         program = torch.export.export(converted, inputs, strict=True)
     quantized_inputs = [k for k, q in enumerate(ins) if q is not None]

@@ -207,7 +207,9 @@ def render_markdown(report: dict[str, Any]) -> str:
                     f"[{s['range'][0]:.6g}, {s['range'][1]:.6g}]",
                     f"{s['outside']} of {s['total']} ({100 * s['fraction']:.3g} %)",
                     f"[{s['observed'][0]:.6g}, {s['observed'][1]:.6g}]",
-                    "ok" if s["passes"] else f"**clips**: use {s['instead']}",
+                    "ok"
+                    if s["passes"]
+                    else "**clips**" + (f": use {s['instead']}" if s["instead"] else ""),
                 ]
                 for s in report.get("saturation", [])
             ],

@@ -19,12 +19,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+import numpy as np
 import torch
 from torch.fx import GraphModule, Interpreter, Node
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_quant.boundary import BoundaryQuantizer, user_inputs, user_outputs
-from etkit_quant.graph import is_grid_sampler
+from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize
 from etkit_quant.qspecs import (
     covering,
     describe_qspec,
@@ -49,7 +50,12 @@ OnSample = Callable[[int, int], None]
 from 1 to ``total``)."""
 
 SiteKind = Literal[
-    "input", "output", "grid_sampler_image", "grid_sampler_grid", "grid_sampler_output"
+    "input",
+    "output",
+    "grid_sampler_image",
+    "grid_sampler_grid",
+    "grid_sampler_output",
+    "internal",
 ]
 
 # Always counted by observe_ranges: the range of SNORM8 and SNORM16.
@@ -678,6 +684,116 @@ def saturation_report(
         ]
     report = (saturation(observed, qspec) for observed, qspec in pairs)
     return tuple(s for s in report if s is not None)
+
+
+def _origin(node: Node) -> Node:
+    """The tensor a value is: through a dequantize, the value its quantize read."""
+    for _ in range(8):
+        if not is_dequantize(node) or not isinstance(node.args[0], Node):
+            break
+        quantized = node.args[0]
+        if not is_quantize(quantized) or not isinstance(quantized.args[0], Node):
+            break
+        node = quantized.args[0]
+    return node
+
+
+def _readers(quantize: Node) -> list[str]:
+    """The ops that read ``quantize``'s output (through its dequantizes)."""
+    names = []
+    for user in quantize.users:
+        targets = list(user.users) if is_dequantize(user) else [user]
+        names += [t.name for t in targets]
+    return sorted(set(names))
+
+
+def clipping_report(
+    converted: GraphModule,
+    calibration: Iterable[tuple[torch.Tensor, ...]],
+    *,
+    fixed: Iterable[QuantizationSpec] | None = None,
+    on_sample: OnSample | None = None,
+) -> tuple[Saturation, ...]:
+    """Every quantization inside ``converted`` (a PT2E ``convert_pt2e`` result) that clips
+    calibration data, whatever chose its parameters: the backend's quantizer sharing one scale
+    over a concatenation, a fixed qspec propagated along a chain, a requantization into a
+    narrower range. Runs ``converted`` on every sample and, at each ``quantize_per_tensor``
+    node, counts the values that lie more than half a step outside its representable range
+    (those are clamped, not rounded). Graph inputs and grid-sampler outputs are left out
+    (``saturation_report`` covers them). With ``fixed``, only quantizations with the parameters
+    of one of those fixed qspecs are checked (an observer's choice, such as a histogram
+    observer trimming outliers, is calibration's business). Returns one ``Saturation`` per
+    clipping quantization (none when nothing clips), named by the tensor and the ops that read
+    it (no suggested qspec: the parameters were not given there; widen the fixed qspec they
+    were shared from, or leave it to calibration)."""
+    if not isinstance(converted, GraphModule):
+        raise TypeError(f"converted must be a GraphModule, got {type(converted).__name__}")
+    samples = [tuple(sample) for sample in calibration]
+    wanted = None
+    if fixed is not None:
+        wanted = set()
+        for qspec in fixed:
+            params = fixed_qparams(qspec)
+            wanted.add(
+                (
+                    float(np.float32(params.scale)),
+                    params.zero_point,
+                    params.quant_min,
+                    params.quant_max,
+                )
+            )
+    watched: dict[Node, list[_Accumulator]] = {}
+    sites: list[tuple[_Accumulator, float, int, int, int, str]] = []
+    for node in converted.graph.nodes:
+        if not is_quantize(node) or len(node.args) < 6:
+            continue
+        source = node.args[0]
+        if not isinstance(source, Node) or source.op == "placeholder" or is_grid_sampler(source):
+            continue
+        scale, zero_point = float(node.args[1]), int(node.args[2])
+        quant_min, quant_max = int(node.args[3]), int(node.args[4])
+        key = (float(np.float32(scale)), zero_point, quant_min, quant_max)
+        if wanted is not None and key not in wanted:
+            continue
+        half = scale / 2
+        bounds = ((quant_min - zero_point) * scale - half, (quant_max - zero_point) * scale + half)
+        readers = _readers(node)
+        name = f"tensor {_origin(source).name}" + (
+            f" (as read by {', '.join(readers)})" if readers else ""
+        )
+        accumulator = _Accumulator(name, "internal", len(sites), source, (bounds,))
+        watched.setdefault(source, []).append(accumulator)
+        dtype = str(node.args[5]).removeprefix("torch.")
+        sites.append((accumulator, scale, zero_point, quant_min, quant_max, dtype))
+    interpreter = _RangeInterpreter(converted, watched)
+    with torch.no_grad():
+        for done, sample in enumerate(samples, start=1):
+            interpreter.run(*sample)
+            if on_sample is not None:
+                on_sample(done, len(samples))
+    report = []
+    for accumulator, scale, zero_point, quant_min, quant_max, dtype in sites:
+        (bounds,) = accumulator.ranges
+        observed = accumulator.result()
+        count = observed.count_outside(*bounds)
+        if not count:
+            continue
+        finite = observed.count > observed.nonfinite
+        report.append(
+            Saturation(
+                name=observed.name,
+                qspec=f"{dtype}, scale {scale:.6g}, zero point {zero_point}",
+                low=(quant_min - zero_point) * scale,
+                high=(quant_max - zero_point) * scale,
+                count=count,
+                total=observed.count,
+                fraction=count / observed.count if observed.count else 0.0,
+                observed_min=observed.min if finite else math.nan,
+                observed_max=observed.max if finite else math.nan,
+                suggested=None,  # its parameters come from elsewhere: nothing to set here
+            )
+        )
+    return tuple(sorted(report, key=lambda r: -r.fraction))
 
 
 def boundary_fixed_qspecs(
