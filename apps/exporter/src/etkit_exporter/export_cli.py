@@ -138,6 +138,11 @@ def _parser() -> argparse.ArgumentParser:
         help="also write model.bpte: the program with the example inputs in its IO types and "
         "its own verified outputs (implies --verify)",
     )  # fmt: skip
+    parser.add_argument(
+        "--scenario", action="store_true",
+        help="also write scenario/: the whole program as one Vulkan scenario "
+        "(scenario_runner --scenario scenario/scenario.json; target vgf)",
+    )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="debug logs of etkit and Arm")
     return parser
 
@@ -491,6 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             intermediate_artifacts_root=args.intermediates,
             verify=args.verify,
             bundle=args.bundle,
+            scenario=args.scenario,
             force=args.force,
             on_stage=_Progress(sys.stdout),
             extra_artifacts={CONFIG_NAME: render_config(_config_of(args, name, out)).encode()},

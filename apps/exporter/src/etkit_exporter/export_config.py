@@ -35,6 +35,7 @@ OPTIONS: Final[dict[str, str]] = {
     "intermediates": "str",
     "verify": "bool",
     "bundle": "bool",
+    "scenario": "bool",
 }
 
 CONFIG_NAME: Final = "export.toml"

@@ -29,9 +29,9 @@ from etkit_quant import (
     Saturation,
     boundary_fixed_qspecs,
     check_calibration,
+    clipping_report,
     default_qspecs,
     observe_ranges,
-    clipping_report,
     saturation_report,
 )
 from etkit_quant.graph import is_grid_sampler
@@ -238,6 +238,7 @@ def export_model(
     tosa_spec: str | None = None,
     verify: bool = False,
     bundle: bool = False,
+    scenario: bool = False,
     force: bool = False,
     on_stage: StageCallback | None = None,
     on_calibration_sample: Callable[[int, int], None] | None = None,
@@ -266,7 +267,10 @@ def export_model(
     ``scenario_runner`` on the Vulkan device). ``bundle`` (implies ``verify``) also writes
     ``model.bpte``: the program with the example inputs in its IO types and, as expected
     outputs, what it returned on them in that verified run; ``model.bpte.json`` beside it says
-    so and gives the tolerance (``etkit_exporter.bundle``).
+    so and gives the tolerance (``etkit_exporter.bundle``). ``scenario`` (target "vgf") also
+    writes ``scenario/``: the whole program as one Vulkan scenario for ``scenario_runner``
+    (``etkit_exporter.scenario_export``; a program it cannot express gets none, the report's
+    ``scenario`` section saying why).
 
     Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``;
     ``etkit_exporter.artifacts.DestinationError``, a ``ValueError``, for an ``artifacts_root``
@@ -279,6 +283,8 @@ def export_model(
     root = Path(artifacts_root)
     inputs = _check_arguments(model, example_inputs, target)
     spec = check_tosa_spec(tosa_spec, target, enable_pt2e_quantization)
+    if scenario and target != "vgf":
+        raise ValueError(f"scenario applies to target 'vgf' only, not {target!r}")
     extras = _check_extra_artifacts(extra_artifacts)
     _check_forward(model.eval(), inputs)
     quant = _QuantOptions(
@@ -310,6 +316,7 @@ def export_model(
                 verify or bundle,
                 bundle,
                 stages,
+                scenario,
             )
             for name, data in extras.items():
                 (staging.path / name).write_bytes(data)
@@ -372,6 +379,7 @@ def _run(
     verify: bool,
     bundle: bool,
     stages: _Stages,
+    scenario: bool = False,
 ) -> ExportResult:
     from executorch.exir import to_edge_transform_and_lower
     from executorch.exir.passes.quantize_io_pass import extract_io_quant_params
@@ -511,6 +519,12 @@ def _run(
                 )
                 side = sidecar(io_params, RUNNERS.get(target, "executorch.runtime"))
                 (work / SIDECAR_NAME).write_text(json.dumps(side, indent=2) + "\n")
+    scenario_section = None
+    if scenario:  # the whole program as one Vulkan scenario (docs/scenario.md)
+        from etkit_exporter.scenario_export import export_scenario
+
+        with stages.stage("scenario"):
+            scenario_section = export_scenario(work, inputs, io_params)
     report = build_report(
         manager.exported_program(),
         target=target,
@@ -523,6 +537,8 @@ def _run(
         tosa_spec=spec,
         saturation=[record.as_dict() for record in saturations],
     )
+    if scenario_section is not None:
+        report["scenario"] = scenario_section
     write_report(report, work)
     return ExportResult(
         edge_program=manager.exported_program(),

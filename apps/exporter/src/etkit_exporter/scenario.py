@@ -116,3 +116,97 @@ def run_vgf(
                 f"{(done.stdout + done.stderr)[-3000:]}"
             )
         return [np.load(spec["dst"]) for spec in output_specs]
+
+
+def run_scenario(
+    folder: Path | str,
+    inputs: Sequence[Any] | None = None,
+    *,
+    output_dir: Path | str | None = None,
+) -> list[npt.NDArray[Any]]:
+    """Runs the scenario an export wrote (``scenario/``: ``scenario.json`` and
+    ``etkit_scenario.json``, see ``etkit_exporter.scenario_export``) in one ``scenario_runner``
+    process on the Vulkan device with the ML emulation layers, and returns the program's
+    outputs as the ``.pte`` returns them: their logical shapes, laid out in their dim orders
+    (numpy views of the memory-order ``output_K.npy``).
+
+    ``inputs``: other values for the program's inputs (arrays or tensors of its IO dtypes and
+    logical shapes), used in place of the folder's ``input_K.npy`` (the folder is left as it
+    is); ``output_dir``: where the run writes ``output_K.npy`` (a temporary folder when
+    ``None``). Raises ``ScenarioError`` when the folder is not a scenario or the run fails,
+    ``ValueError`` for inputs of the wrong count, shape or dtype."""
+    from etkit_exporter.scenario_export import SCENARIO_JSON, SIDECAR_JSON, ScenarioIO, memory_order
+
+    folder = Path(folder)
+    sidecar_path, scenario_path = folder / SIDECAR_JSON, folder / SCENARIO_JSON
+    if not sidecar_path.is_file() or not scenario_path.is_file():
+        raise ScenarioError(
+            f"{folder} is not an etkit scenario folder (no {SCENARIO_JSON} and {SIDECAR_JSON}); "
+            "export with scenario=True (etkit-export ... --scenario)"
+        )
+    sidecar = json.loads(sidecar_path.read_text())
+
+    def entries(kind: str) -> list[ScenarioIO]:
+        return [
+            ScenarioIO(
+                e["index"],
+                e["value"],
+                e["resource"],
+                e["file"],
+                tuple(e["shape"]),
+                tuple(e["dim_order"]),
+                e["dtype"],
+                tuple(e["memory_shape"]),
+                e.get("image"),
+            )
+            for e in sidecar[kind]
+        ]
+
+    ins, outs = entries("inputs"), entries("outputs")
+    with tempfile.TemporaryDirectory(prefix="etkit-scenario-run-") as tmp:
+        work = Path(tmp)
+        scenario_file = scenario_path.resolve()
+        if inputs is not None:
+            if len(inputs) != len(ins):
+                raise ValueError(f"the scenario takes {len(ins)} inputs, got {len(inputs)}")
+            scenario = json.loads(scenario_path.read_text())
+            replaced = {}
+            for value, io in zip(inputs, ins, strict=True):
+                path = work / io.file
+                np.save(path, memory_order(value, io))
+                replaced[io.file] = str(path)
+            base = folder.resolve()
+            for resource in scenario["resources"]:
+                ((_, body),) = resource.items()
+                src = body.get("src")
+                if isinstance(src, str):
+                    body["src"] = replaced.get(src, str(base / src))
+            scenario_file = work / SCENARIO_JSON
+            scenario_file.write_text(json.dumps(scenario, indent=1))
+        out = Path(output_dir) if output_dir is not None else work / "out"
+        out.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            [
+                find_tool("scenario_runner"),
+                "--scenario",
+                str(scenario_file),
+                "--output",
+                str(out.resolve()),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=ml_emulation_env(),
+            cwd=work,
+        )
+        if done.returncode != 0:
+            raise ScenarioError(
+                f"scenario_runner failed on {scenario_path} (exit {done.returncode}):\n"
+                f"{(done.stdout + done.stderr)[-3000:]}"
+            )
+        results = []
+        for io in outs:
+            memory = np.load(out / io.file).reshape(io.memory_shape)
+            inverse = tuple(int(k) for k in np.argsort(io.dim_order))
+            results.append(np.transpose(memory, inverse))
+        return results

@@ -1,0 +1,1194 @@
+"""One Vulkan scenario per export: the whole program, VGF graphs and grid-sampler shader chained
+on the device, as Arm's ``scenario_runner`` runs it (docs/scenario.md).
+
+``write_scenario`` turns a ``.pte`` (its ``forward`` method, read with ``etkit_exporter.runner``)
+into a folder:
+
+- ``scenario.json``: the resources and commands, in the program's instruction order: one
+  ``dispatch_vgf`` per VGF delegate call, one ``dispatch_compute`` per grid-sampler delegate
+  call, and between them the memory barriers Vulkan requires;
+- ``vgf_K.vgf``: the processed bytes of VGF delegate K;
+- ``grid_sample.spv``: the grid-sampler kernel (``etkit_gridsampler.vulkan.spirv()``) and
+  ``sampler_K_params.npy``: the parameter block of grid-sampler delegate K
+  (``KernelDispatch.params_bytes()``, padded to 4 bytes);
+- ``input_K.npy``: the program's inputs, in its IO types and in memory order (a channels-last
+  input ``[N, C, H, W]`` is stored ``[N, H, W, C]``); the run writes ``output_K.npy`` the same way;
+- ``etkit_scenario.json``: what the folder holds, for ``run_scenario`` and the report.
+
+Every program value gets its own memory. A value that is read or written under more than one
+resource (a VGF's tensor and the shader's storage buffer; the program's IO tensor and a VGF's
+view of it with other dims; an image view of a texture input) lives in one memory group, so the
+resources alias the same bytes: nothing is copied. Kernel instructions that only reinterpret
+memory (views, dim-order copies that keep the bytes) become aliases too; anything else the
+scenario runner cannot express is refused with ``ScenarioUnsupportedError`` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from etkit_exporter.runner.model import DelegateInfo, MethodInfo, TensorInfo, dtype_name
+
+SCENARIO_DIR: Final = "scenario"
+SCENARIO_JSON: Final = "scenario.json"
+SIDECAR_JSON: Final = "etkit_scenario.json"
+SHADER_FILE: Final = "grid_sample.spv"
+SIDECAR_FORMAT: Final = "etkit-scenario/1"
+
+# The commands, by their scenario_runner 0.11 names (0.11 still reads the older
+# "dispatch_graph" and "dispatch_barrier", with a deprecation warning; vgf_dump's templates use
+# "dispatch_graph").
+GRAPH_COMMAND: Final = "dispatch_vgf"
+BARRIER_COMMAND: Final = "pipeline_barrier"
+GRAPH_COMMANDS: Final = ("dispatch_vgf", "dispatch_graph")
+
+VGF_BACKEND: Final = "VgfBackend"
+GRID_SAMPLER_BACKEND: Final = "GridSamplerBackend"
+
+# Tensor formats by dtype (the VGF's own declarations use the same names).
+DTYPE_FORMATS: Final[dict[torch.dtype, str]] = {
+    torch.int8: "VK_FORMAT_R8_SINT",
+    torch.uint8: "VK_FORMAT_R8_UINT",
+    torch.bool: "VK_FORMAT_R8_BOOL_ARM",
+    torch.int16: "VK_FORMAT_R16_SINT",
+    torch.uint16: "VK_FORMAT_R16_UINT",
+    torch.int32: "VK_FORMAT_R32_SINT",
+    torch.uint32: "VK_FORMAT_R32_UINT",
+    torch.int64: "VK_FORMAT_R64_SINT",
+    torch.float16: "VK_FORMAT_R16_SFLOAT",
+    torch.float32: "VK_FORMAT_R32_SFLOAT",
+}
+
+# Image formats an engine can alias a texture-like IO tensor with (io_quant_params.json
+# "texture" format, channels) -> VkFormat.
+TEXTURE_FORMATS: Final[dict[tuple[str, int], str]] = {
+    ("R8_SNORM", 1): "VK_FORMAT_R8_SNORM",
+    ("R8_SNORM", 2): "VK_FORMAT_R8G8_SNORM",
+    ("R8_SNORM", 4): "VK_FORMAT_R8G8B8A8_SNORM",
+    ("R8_UNORM", 1): "VK_FORMAT_R8_UNORM",
+    ("R8_UNORM", 2): "VK_FORMAT_R8G8_UNORM",
+    ("R8_UNORM", 4): "VK_FORMAT_R8G8B8A8_UNORM",
+}
+
+# Kernel operators that only reinterpret their input's memory when both sides lay their
+# elements out in row-major order (a reshape keeps the row-major element order).
+RESHAPE_OPS: Final = frozenset(
+    {
+        "executorch_prim::et_view.default",
+        "aten::view_copy.out",
+        "aten::_unsafe_view.out",
+        "aten::reshape.out",
+        "aten::squeeze_copy.out",
+        "aten::squeeze_copy.dim_out",
+        "aten::squeeze_copy.dims_out",
+        "aten::unsqueeze_copy.out",
+        "aten::alias_copy.out",
+    }
+)
+# Kernel operators that keep every element where it is logically (their output has the input's
+# sizes), only changing the dim order: no-ops when the bytes stay in the same order.
+LAYOUT_OPS: Final = frozenset(
+    {
+        "dim_order_ops::_to_dim_order_copy.out",
+        "dim_order_ops::_clone_dim_order.out",
+        "aten::clone.out",
+        "aten::_to_copy.out",
+    }
+)
+
+Stage = Literal["graph", "compute"]
+_ACCESS: Final[dict[tuple[str, str], str]] = {
+    ("graph", "read"): "graph_read",
+    ("graph", "write"): "graph_write",
+    ("compute", "read"): "compute_shader_read",
+    ("compute", "write"): "compute_shader_write",
+}
+
+
+class ScenarioUnsupportedError(ValueError):
+    """The program holds something the scenario runner cannot express; ``reasons`` lists each,
+    naming the instruction and the construct."""
+
+    def __init__(self, reasons: Sequence[str]) -> None:
+        self.reasons = list(reasons)
+        super().__init__(
+            "no scenario: the scenario runner cannot express "
+            + ("this program: " if len(self.reasons) == 1 else "these constructs: ")
+            + "; ".join(self.reasons)
+        )
+
+
+def _words(nbytes: int) -> int:
+    """``nbytes`` padded to whole 32-bit words (the shader reads and writes words), at least 4."""
+    return max(4, math.ceil(nbytes / 4) * 4)
+
+
+def memory_dims(info: TensorInfo) -> tuple[int, ...]:
+    """The sizes of ``info`` in memory order (``[N, H, W, C]`` for a channels-last tensor)."""
+    dims = tuple(info.sizes[d] for d in info.dim_order)
+    return dims or (1,)
+
+
+def file_dims(memory: Sequence[int]) -> tuple[int, ...]:
+    """The dims of an IO tensor resource and its ``.npy``: the memory-order sizes, the leading
+    ones merged into one when there are more than 4 (a scenario tensor has at most 4)."""
+    dims = tuple(memory)
+    if len(dims) <= 4:
+        return dims
+    return (math.prod(dims[: len(dims) - 3]), *dims[len(dims) - 3 :])
+
+
+def _nonunit_order(info: TensorInfo) -> list[int]:
+    return [d for d in info.dim_order if info.sizes[d] != 1]
+
+
+def _row_major(info: TensorInfo) -> bool:
+    order = _nonunit_order(info)
+    return order == sorted(order)
+
+
+@dataclass
+class _Resource:
+    uid: str
+    kind: Literal["tensor", "buffer", "image"]
+    storage: int
+    dims: tuple[int, ...] = ()
+    format: str = ""
+    size: int = 0
+    src: str | None = None
+    dst: str | None = None
+    reads: bool = False
+    writes: bool = False
+    note: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        if self.kind in ("buffer", "image"):
+            return self.size
+        return math.prod(self.dims) * _FORMAT_ITEMSIZE.get(self.format, 1)
+
+    def access(self) -> str:
+        if self.kind == "image":
+            return "image_read"
+        if self.reads and self.writes:
+            return "readwrite"
+        if self.writes or (self.dst is not None and not self.reads):
+            return "writeonly"
+        return "readonly"
+
+    def to_json(self, group: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"uid": self.uid}
+        if self.kind == "buffer":
+            body["size"] = self.size
+        else:
+            body["dims"] = list(self.dims)
+            body["format"] = self.format
+        body["shader_access"] = self.access()
+        if self.src is not None:
+            body["src"] = self.src
+        if self.dst is not None:
+            body["dst"] = self.dst
+        if group is not None:
+            body["memory_group"] = {"id": group}
+        return {self.kind: body}
+
+
+_FORMAT_ITEMSIZE: Final[dict[str, int]] = {
+    fmt: torch.empty((), dtype=dtype).element_size() for dtype, fmt in DTYPE_FORMATS.items()
+}
+
+
+@dataclass
+class _Storage:
+    """Memory one or more program values share (a value and its no-op views)."""
+
+    root: int
+    nbytes: int
+    values: list[int] = field(default_factory=list)
+    resources: list[_Resource] = field(default_factory=list)
+    last_write: str | None = None
+    visible_to: set[str] = field(default_factory=set)
+    readers: set[str] = field(default_factory=set)
+
+    @property
+    def group(self) -> str:
+        return f"value_{self.root}"
+
+
+@dataclass(frozen=True)
+class ScenarioIO:
+    """An input or output of the scenario: the program value, its file and layout."""
+
+    index: int
+    value: int
+    resource: str
+    file: str
+    shape: tuple[int, ...]
+    dim_order: tuple[int, ...]
+    dtype: str
+    memory_shape: tuple[int, ...]
+    texture: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "value": self.value,
+            "resource": self.resource,
+            "file": self.file,
+            "shape": list(self.shape),
+            "dim_order": list(self.dim_order),
+            "dtype": self.dtype,
+            "memory_shape": list(self.memory_shape),
+            "texture": self.texture,
+        }
+
+
+@dataclass
+class ScenarioPlan:
+    """A scenario built from a program, before it is written: the JSON, the files it names
+    (but the inputs) and a description for the report."""
+
+    scenario: dict[str, Any]
+    files: dict[str, bytes]
+    inputs: list[ScenarioIO]
+    outputs: list[ScenarioIO]
+    dispatches: list[dict[str, Any]]
+    barriers: list[dict[str, Any]]
+    aliases: list[str]
+    notes: list[str]
+    memory_bytes: int
+
+    def summary(self) -> dict[str, Any]:
+        """What the scenario holds (the sidecar ``etkit_scenario.json``, less the file sizes)."""
+        kinds: dict[str, int] = {}
+        groups = set()
+        for resource in self.scenario["resources"]:
+            ((kind, body),) = resource.items()
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if "memory_group" in body:
+                groups.add(body["memory_group"]["id"])
+        commands: dict[str, int] = {}
+        for command in self.scenario["commands"]:
+            ((kind, _),) = command.items()
+            commands[kind] = commands.get(kind, 0) + 1
+        return {
+            "format": SIDECAR_FORMAT,
+            "scenario": SCENARIO_JSON,
+            "inputs": [io.to_json() for io in self.inputs],
+            "outputs": [io.to_json() for io in self.outputs],
+            "dispatches": self.dispatches,
+            "barriers": self.barriers,
+            "commands": commands,
+            "resources": dict(sorted(kinds.items())),
+            "memory_groups": len(groups),
+            "memory_bytes": self.memory_bytes,
+            "aliases": self.aliases,
+            "notes": self.notes,
+            "run": f"scenario_runner --scenario {SCENARIO_DIR}/{SCENARIO_JSON} --output OUT",
+        }
+
+
+class _Builder:
+    def __init__(self, method: MethodInfo, io_params: Mapping[str, Any] | None) -> None:
+        self.method = method
+        self.io_params = io_params
+        self.reasons: list[str] = []
+        self.notes: list[str] = []
+        self.aliases: list[str] = []
+        self.parent: dict[int, int] = {}
+        self.storages: dict[int, _Storage] = {}
+        self.commands: list[dict[str, Any]] = []
+        self.extra_resources: list[dict[str, Any]] = []
+        self.files: dict[str, bytes] = {}
+        self.dispatches: list[dict[str, Any]] = []
+        self.barrier_uses: list[dict[str, Any]] = []
+        self.barrier_uids: dict[tuple[str, str, str, str], str] = {}
+        self.uids: set[str] = set()
+        self.shader_written = False
+        self.params_bytes = 0
+        self.inputs: list[ScenarioIO] = []
+        self.outputs: list[ScenarioIO] = []
+        self.pending_textures: list[tuple[str, int, str, int, Mapping[str, Any]]] = []
+
+    # -- values and their memory -----------------------------------------------------------
+
+    def find(self, value: int) -> int:
+        while self.parent.get(value, value) != value:
+            value = self.parent[value]
+        return value
+
+    def tensor(self, value: int, where: str) -> TensorInfo | None:
+        info = self.method.values[value]
+        if not isinstance(info, TensorInfo):
+            self.reasons.append(
+                f"{where}: value {value} is a {type(info).__name__}, not a tensor; the scenario "
+                "passes tensors only"
+            )
+            return None
+        if info.dtype is None or info.dtype not in DTYPE_FORMATS:
+            self.reasons.append(
+                f"{where}: value {value} ({info.describe()}) has a dtype no Vulkan tensor format "
+                "holds here"
+            )
+            return None
+        if info.dynamic:
+            self.reasons.append(
+                f"{where}: value {value} ({info.describe()}) has a dynamic shape; a scenario's "
+                "resources have fixed sizes"
+            )
+            return None
+        if info.storage in ("mutable", "external"):
+            self.reasons.append(
+                f"{where}: value {value} ({info.describe()}) is {info.storage} state, which a "
+                "scenario does not carry"
+            )
+            return None
+        return info
+
+    def storage(self, value: int) -> _Storage:
+        root = self.find(value)
+        if root not in self.storages:
+            info = self.method.values[root]
+            assert isinstance(info, TensorInfo)
+            self.storages[root] = _Storage(root, info.nbytes, [root])
+        return self.storages[root]
+
+    def alias(self, source: int, target: int, why: str) -> None:
+        a, b = self.storage(source), self.storage(target)
+        if a.root != b.root:
+            self.parent[b.root] = a.root
+            del self.storages[b.root]
+            a.values += b.values
+            for resource in b.resources:
+                resource.storage = a.root
+            a.resources += b.resources
+            if b.last_write is not None or b.readers:
+                self.reasons.append(f"{why}: the target was used before the alias was made")
+        self.aliases.append(why)
+
+    def unique(self, uid: str) -> str:
+        candidate, k = uid, 1
+        while candidate in self.uids:
+            k += 1
+            candidate = f"{uid}_{k}"
+        self.uids.add(candidate)
+        return candidate
+
+    def view(
+        self,
+        value: int,
+        kind: Literal["tensor", "buffer"],
+        *,
+        dims: tuple[int, ...] = (),
+        fmt: str = "",
+        size: int = 0,
+        name: str,
+    ) -> _Resource:
+        """The resource through which ``value`` is read or written as ``kind`` of ``dims`` and
+        ``fmt`` (tensor) or ``size`` bytes (buffer): an existing one of its memory, or a new
+        one."""
+        storage = self.storage(value)
+        for resource in storage.resources:
+            if resource.kind != kind:
+                continue
+            if kind == "tensor" and (resource.dims, resource.format) == (dims, fmt):
+                return resource
+            if kind == "buffer" and resource.size == size:
+                return resource
+        resource = _Resource(self.unique(name), kind, storage.root, dims, fmt, size)
+        storage.resources.append(resource)
+        return resource
+
+    # -- instructions ----------------------------------------------------------------------
+
+    def build(self) -> None:
+        method = self.method
+        if len(method.chains) != 1:
+            self.reasons.append(
+                f"method '{method.name}' has {len(method.chains)} chains; a scenario is one "
+                "sequence of commands"
+            )
+            return
+        for position, index in enumerate(method.inputs):
+            self.tensor(index, f"input {position}")
+        for position, index in enumerate(method.outputs):
+            self.tensor(index, f"output {position}")
+        if self.reasons:
+            return
+        self.inputs, self.outputs = self.io()
+        for item in method.chains[0]:
+            where = f"instruction {item.position}"
+            if item.kind == "free":
+                continue
+            if item.kind == "kernel":
+                self.kernel(where, method.operators[item.operator], item.args)
+            elif item.kind == "delegate":
+                delegate = method.delegates[item.delegate]
+                self.delegate(where, item.position, delegate, item.args)
+            else:
+                what = {"move": "a move between values", "jump_false": "a conditional jump"}
+                self.reasons.append(
+                    f"{where}: {what.get(item.kind, item.kind)} (control flow); a scenario's "
+                    "commands run in one fixed order"
+                )
+
+    def kernel(self, where: str, name: str, args: tuple[int, ...]) -> None:
+        if name not in RESHAPE_OPS and name not in LAYOUT_OPS:
+            self.reasons.append(
+                f"{where}: kernel operator {name} outside any delegate; the scenario runs VGF "
+                "graphs and the grid-sampler shader only (lower it into a VGF delegate, or run "
+                "the .pte)"
+            )
+            return
+        tensors = [a for a in args if isinstance(self.method.values[a], TensorInfo)]
+        if len(tensors) < 2:
+            self.reasons.append(f"{where}: operator {name} without an input and an output tensor")
+            return
+        source, target = tensors[0], tensors[-1]
+        a, b = self.tensor(source, where), self.tensor(target, where)
+        if a is None or b is None:
+            return
+        problem = None
+        if a.dtype != b.dtype:
+            problem = f"converts {dtype_name(a.dtype or torch.int8)} to {b.describe()}"
+        elif a.numel != b.numel:
+            problem = f"maps {a.numel} elements to {b.numel}"
+        elif name in RESHAPE_OPS and not (_row_major(a) and _row_major(b)):
+            problem = (
+                f"reshapes value {source} ({a.describe()}) to value {target} ({b.describe()}) "
+                "across a dim order that is not row-major, which moves bytes"
+            )
+        elif name in LAYOUT_OPS and (a.sizes != b.sizes or _nonunit_order(a) != _nonunit_order(b)):
+            problem = (
+                f"copies value {source} ({a.describe()}) to value {target} ({b.describe()}), "
+                "which moves bytes (a layout change)"
+            )
+        if problem is not None:
+            self.reasons.append(
+                f"{where}: operator {name} {problem}; the scenario would need a copy shader "
+                "between delegates, which etkit does not emit"
+            )
+            return
+        self.alias(
+            source,
+            target,
+            f"{where}: {name} value {source} -> value {target}: the same bytes (an alias)",
+        )
+
+    def delegate(
+        self, where: str, position: int, delegate: DelegateInfo, args: tuple[int, ...]
+    ) -> None:
+        name = f"{where}: delegate {delegate.index} ({delegate.backend_id})"
+        if delegate.backend_id == VGF_BACKEND:
+            self.vgf(name, position, delegate, args)
+        elif delegate.backend_id == GRID_SAMPLER_BACKEND:
+            self.grid_sampler(name, position, delegate, args)
+        else:
+            self.reasons.append(
+                f"{name}: backend {delegate.backend_id}; a scenario runs VgfBackend and "
+                "GridSamplerBackend delegates only"
+            )
+
+    def vgf(self, name: str, position: int, delegate: DelegateInfo, args: tuple[int, ...]) -> None:
+        from etkit_exporter.scenario import FORMAT_DTYPES, ScenarioError, scenario_template
+
+        with tempfile.TemporaryDirectory(prefix="etkit-scenario-vgf-") as tmp:
+            path = Path(tmp) / "model.vgf"
+            path.write_bytes(delegate.processed)
+            try:
+                template = scenario_template(path)
+            except ScenarioError as error:
+                self.reasons.append(f"{name}: cannot read the VGF's declarations: {error}")
+                return
+        graphs = [r["graph"] for r in template.get("resources", []) if "graph" in r]
+        tensors = [r["tensor"] for r in template.get("resources", []) if "tensor" in r]
+        others = [
+            next(iter(r)) for r in template.get("resources", []) if not {"graph", "tensor"} & set(r)
+        ]
+        commands = template.get("commands", [])
+        template_command = next(iter(commands[0])) if len(commands) == 1 else None
+        if len(graphs) != 1 or others or template_command not in GRAPH_COMMANDS:
+            self.reasons.append(
+                f"{name}: its VGF's scenario template holds {len(graphs)} graphs, "
+                f"{len(commands)} commands and other resources {others}; etkit chains VGFs of "
+                "one graph and one graph dispatch"
+            )
+            return
+        dispatch = commands[0][template_command]
+        if dispatch.get("shader_substitutions") or dispatch.get("push_constants"):
+            self.reasons.append(
+                f"{name}: its VGF asks for shader substitutions or push constants, which etkit "
+                "does not provide"
+            )
+            return
+        inputs = [t for t in tensors if "src" in t]
+        outputs = [t for t in tensors if "dst" in t]
+        if len(inputs) + len(outputs) != len(args) or not outputs:
+            self.reasons.append(
+                f"{name}: the VGF declares {len(inputs)} inputs and {len(outputs)} outputs, the "
+                f"program passes {len(args)} arguments"
+            )
+            return
+        refs: dict[str, str] = {}
+        reads: list[_Resource] = []
+        writes: list[_Resource] = []
+        for k, (spec, value) in enumerate(zip(inputs + outputs, args, strict=True)):
+            role = f"input {k}" if k < len(inputs) else f"output {k - len(inputs)}"
+            info = self.tensor(value, f"{name} {role}")
+            if info is None:
+                return
+            dims = tuple(int(d) for d in spec["dims"])
+            dtype = FORMAT_DTYPES.get(spec["format"])
+            declared = math.prod(dims) * (dtype.itemsize if dtype is not None else 0)
+            if dtype is None or declared != info.nbytes:
+                self.reasons.append(
+                    f"{name} {role}: the VGF declares {spec['format']} {list(dims)} "
+                    f"({declared} bytes), the program's value {value} is {info.describe()} "
+                    f"({info.nbytes} bytes)"
+                )
+                return
+            assert info.dtype is not None  # self.tensor checked it
+            if dims != memory_dims(info) or spec["format"] != DTYPE_FORMATS[info.dtype]:
+                self.notes.append(
+                    f"{name} {role}: the VGF declares {spec['format']} {list(dims)}, the "
+                    f"program's value {value} is {info.describe()}: the VGF reads the same bytes "
+                    "in its own layout, as ExecuTorch's VGF runtime copies them"
+                )
+            resource = self.view(
+                value, "tensor", dims=dims, fmt=spec["format"], name=f"value_{value}_tensor"
+            )
+            refs[spec["uid"]] = resource.uid
+            (reads if k < len(inputs) else writes).append(resource)
+        for spec in tensors:
+            if "src" in spec or "dst" in spec:
+                continue
+            uid = self.unique(f"vgf_{delegate.index}_{spec['uid']}")
+            refs[spec["uid"]] = uid
+            self.extra_resources.append({"tensor": {**spec, "uid": uid}})
+        file = f"vgf_{delegate.index}.vgf"
+        graph_uid = self.unique(f"vgf_{delegate.index}")
+        self.files[file] = delegate.processed
+        self.extra_resources.append({"graph": {"uid": graph_uid, "src": file}})
+        bindings = []
+        for binding in dispatch.get("bindings", []):
+            ref = binding["resource_ref"]
+            if ref not in refs:
+                self.reasons.append(f"{name}: its VGF binds an unknown resource {ref!r}")
+                return
+            bindings.append({**binding, "resource_ref": refs[ref]})
+        self.dispatch(
+            "graph",
+            {
+                GRAPH_COMMAND: {
+                    "graph_ref": graph_uid,
+                    "bindings": bindings,
+                    "implicit_barrier": False,
+                }
+            },
+            reads,
+            writes,
+            {
+                "instruction": position,
+                "delegate": delegate.index,
+                "backend": delegate.backend_id,
+                "command": GRAPH_COMMAND,
+                "file": file,
+                "bytes": len(delegate.processed),
+            },
+        )
+
+    def grid_sampler(
+        self, name: str, position: int, delegate: DelegateInfo, args: tuple[int, ...]
+    ) -> None:
+        from etkit_gridsampler import vulkan
+        from etkit_gridsampler.delegate_format import DelegateFormatError, decode
+        from etkit_gridsampler.plan import UnsupportedOpError
+
+        try:
+            blob = decode(delegate.processed)
+        except DelegateFormatError as error:
+            self.reasons.append(f"{name}: {error}")
+            return
+        roles = blob.roles
+        if len(args) != roles.inputs + 1:
+            self.reasons.append(
+                f"{name}: the blob says {roles.inputs} inputs and 1 output, the program passes "
+                f"{len(args)} arguments"
+            )
+            return
+        values = {
+            "image": args[roles.image],
+            "grid": args[roles.grid],
+            "output": args[roles.inputs],
+        }
+        infos = {role: self.tensor(value, f"{name} {role}") for role, value in values.items()}
+        image, grid, output = infos["image"], infos["grid"], infos["output"]
+        if image is None or grid is None or output is None:
+            return
+        if blob.op.is_float:
+            self.reasons.append(
+                f"{name}: a float32 grid sampler; the Vulkan grid-sampler kernel implements the "
+                "integer contract only (export with quantization)"
+            )
+            return
+        channels_last = _is_channels_last(image)
+        problems = []
+        if tuple(image.sizes) != tuple(blob.image_shape):
+            problems.append(f"the image is {image.describe()}, the blob says {blob.image_shape}")
+        if tuple(grid.sizes) != tuple(blob.grid_shape):
+            problems.append(f"the grid is {grid.describe()}, the blob says {blob.grid_shape}")
+        if not channels_last and not _row_major(image):
+            problems.append(f"the image's dim order {image.dim_order} is neither NCHW nor NHWC")
+        if not _row_major(grid):
+            problems.append(f"the grid's dim order {grid.dim_order} is not contiguous")
+        if _is_channels_last(output) != channels_last or not (
+            _is_channels_last(output) or _row_major(output)
+        ):
+            problems.append(
+                f"the output's dim order {output.dim_order} differs from the image's "
+                f"{image.dim_order} (the kernel writes the image's layout)"
+            )
+        if problems:
+            self.reasons.append(f"{name}: " + "; ".join(problems))
+            return
+        try:
+            kernel = vulkan.dispatch(
+                tuple(image.sizes), tuple(grid.sizes), blob.op, channels_last=channels_last
+            )
+        except (UnsupportedOpError, ValueError, TypeError) as error:
+            self.reasons.append(f"{name}: the Vulkan grid-sampler kernel refuses it: {error}")
+            return
+        if not self.shader_written:
+            self.files[SHADER_FILE] = vulkan.spirv()
+            self.extra_resources.append(
+                {"shader": {"uid": "grid_sample", "src": SHADER_FILE, "type": "SPIR-V"}}
+            )
+            self.uids.add("grid_sample")
+            self.shader_written = True
+        params = kernel.params_bytes()
+        params = params + bytes(_words(len(params)) - len(params))
+        params_file = f"sampler_{delegate.index}_params.npy"
+        self.files[params_file] = _npy_bytes(np.frombuffer(params, dtype=np.uint8))
+        params_uid = self.unique(f"sampler_{delegate.index}_params")
+        self.extra_resources.append(
+            {
+                "buffer": {
+                    "uid": params_uid,
+                    "size": len(params),
+                    "shader_access": "readonly",
+                    "src": params_file,
+                }
+            }
+        )
+        self.params_bytes += len(params)
+        bindings: list[dict[str, Any]] = []
+        reads: list[_Resource] = []
+        writes: list[_Resource] = []
+        sizes: dict[str, int] = {}
+        for set_index, binding, role, _, size in kernel.bindings:
+            if role == "params":
+                ref = params_uid
+            elif role in values:
+                info = infos[role]
+                assert info is not None
+                if size > _words(info.nbytes):
+                    self.reasons.append(
+                        f"{name}: the kernel's {role} buffer is {size} bytes, the program's "
+                        f"value {values[role]} holds {info.nbytes}"
+                    )
+                    return
+                resource = self.view(
+                    values[role],
+                    "buffer",
+                    size=_words(info.nbytes),
+                    name=f"value_{values[role]}_buffer",
+                )
+                (writes if role == "output" else reads).append(resource)
+                ref = resource.uid
+                sizes[role] = resource.size
+            else:
+                self.reasons.append(
+                    f"{name}: the kernel binds a {role!r} buffer etkit does not know "
+                    "(etkit_gridsampler.vulkan.KernelDispatch changed)"
+                )
+                return
+            bindings.append({"set": set_index, "id": binding, "resource_ref": ref})
+        groups = [int(g) for g in kernel.group_counts]
+        self.dispatch(
+            "compute",
+            {
+                "dispatch_compute": {
+                    "shader_ref": "grid_sample",
+                    "bindings": bindings,
+                    "rangeND": groups,
+                    "implicit_barrier": False,
+                }
+            },
+            reads,
+            writes,
+            {
+                "instruction": position,
+                "delegate": delegate.index,
+                "backend": delegate.backend_id,
+                "command": "dispatch_compute",
+                "file": SHADER_FILE,
+                "params": params_file,
+                "rangeND": groups,
+                "workgroup_size": list(kernel.workgroup_size),
+                "op": {
+                    "mode": blob.op.mode,
+                    "padding_mode": blob.op.padding_mode,
+                    "align_corners": bool(blob.op.align_corners),
+                },
+                "buffer_bytes": sizes,
+            },
+        )
+
+    # -- commands and barriers -------------------------------------------------------------
+
+    def barrier(self, src: tuple[str, str], dst: tuple[str, str]) -> str:
+        key = (src[0], _ACCESS[src], dst[0], _ACCESS[dst])
+        uid = self.barrier_uids.get(key)
+        if uid is None:
+            uid = self.unique(f"barrier_{key[1]}_to_{key[3]}")
+            self.barrier_uids[key] = uid
+        return uid
+
+    def dispatch(
+        self,
+        stage: Stage,
+        command: dict[str, Any],
+        reads: list[_Resource],
+        writes: list[_Resource],
+        description: dict[str, Any],
+    ) -> None:
+        needed: list[str] = []
+        read_storages = {r.storage: self.storages[r.storage] for r in reads}
+        write_storages = {r.storage: self.storages[r.storage] for r in writes}
+        for storage in read_storages.values():
+            if storage.last_write is not None and stage not in storage.visible_to:
+                needed.append(self.barrier((storage.last_write, "write"), (stage, "read")))
+        for storage in write_storages.values():  # a value written twice: order the writes
+            if storage.last_write is not None:
+                needed.append(self.barrier((storage.last_write, "write"), (stage, "write")))
+            for reader in storage.readers:
+                needed.append(self.barrier((reader, "read"), (stage, "write")))
+        needed = list(dict.fromkeys(needed))
+        if needed:
+            self.emit_barrier(
+                needed,
+                f"before dispatch {len(self.dispatches)} ({description['command']} of delegate "
+                f"{description['delegate']}, instruction {description['instruction']})",
+            )
+        for resource in reads:
+            resource.reads = True
+        for resource in writes:
+            resource.writes = True
+        for storage in read_storages.values():
+            storage.readers.add(stage)
+        for storage in write_storages.values():
+            storage.last_write = stage
+            storage.visible_to = set()
+            storage.readers = set()
+        description["reads"] = sorted({r.uid for r in reads})
+        description["writes"] = sorted({r.uid for r in writes})
+        self.dispatches.append(description)
+        self.commands.append(command)
+
+    def emit_barrier(self, uids: list[str], why: str) -> None:
+        self.commands.append(
+            {
+                BARRIER_COMMAND: {
+                    "image_barrier_refs": [],
+                    "tensor_barrier_refs": [],
+                    "memory_barrier_refs": uids,
+                    "buffer_barrier_refs": [],
+                }
+            }
+        )
+        self.barrier_uses.append({"command": len(self.commands) - 1, "barriers": uids, "why": why})
+        made = {uid: key for key, uid in self.barrier_uids.items()}
+        for uid in uids:
+            src_stage, src_access, dst_stage, _ = made[uid]
+            if not src_access.endswith("write"):
+                continue
+            for storage in self.storages.values():
+                if storage.last_write == src_stage:
+                    storage.visible_to.add(dst_stage)
+
+    # -- inputs, outputs and the result ----------------------------------------------------
+
+    def io(self) -> tuple[list[ScenarioIO], list[ScenarioIO]]:
+        method = self.method
+        result: dict[str, list[ScenarioIO]] = {"inputs": [], "outputs": []}
+        for kind, indices in (("inputs", method.inputs), ("outputs", method.outputs)):
+            entries = (self.io_params or {}).get(kind, [])
+            for position, value in enumerate(indices):
+                info = method.values[value]
+                if not isinstance(info, TensorInfo) or info.dtype is None:
+                    continue
+                dims = memory_dims(info)
+                stem = f"{kind[:-1]}_{position}"
+                resource = _Resource(
+                    self.unique(stem),
+                    "tensor",
+                    self.storage(value).root,
+                    file_dims(dims),
+                    DTYPE_FORMATS[info.dtype],
+                )
+                file = f"{stem}.npy"
+                if kind == "inputs":
+                    resource.src = file
+                else:
+                    resource.dst = file
+                storage = self.storage(value)
+                storage.resources.insert(0, resource)
+                entry = entries[position] if position < len(entries) else {}
+                if isinstance(entry, Mapping) and isinstance(entry.get("texture"), Mapping):
+                    self.pending_textures.append((kind, len(result[kind]), stem, value, entry))
+                result[kind].append(
+                    ScenarioIO(
+                        position,
+                        value,
+                        resource.uid,
+                        file,
+                        tuple(info.sizes),
+                        tuple(info.dim_order),
+                        dtype_name(info.dtype),
+                        dims,
+                    )
+                )
+        return result["inputs"], result["outputs"]
+
+    def textures(self) -> None:
+        """Image resources aliasing the texture-like IO tensors (io_quant_params.json's
+        "texture": RGBA SNORM8/UNORM8), as an engine aliases them with its own images, where
+        that keeps the bytes every other view reads."""
+        for kind, position, stem, value, entry in self.pending_textures:
+            ios = self.inputs if kind == "inputs" else self.outputs
+            io = ios[position]
+            info = self.method.values[value]
+            assert isinstance(info, TensorInfo)
+            texture = entry["texture"]
+            described: dict[str, Any] = {"texture": texture.get("format"), "image": None}
+            storage = self.storage(value)
+            fmt = None
+            if len(info.sizes) == 4:
+                _, channels, height, width = info.sizes
+                fmt = TEXTURE_FORMATS.get((str(texture.get("format")), channels))
+                described["image_format"] = fmt
+                described["image_dims"] = [1, width, height, 1]
+            if fmt is None or not (_is_channels_last(info) or info.sizes[1] == 1):
+                described["why_no_image"] = (
+                    f"{info.describe()}: no image format aliases it (an image here is one "
+                    "channels-last plane of 1, 2 or 4 channels; give the model RGBA inputs)"
+                )
+            elif info.sizes[0] != 1:
+                described["why_no_image"] = (
+                    f"batch {info.sizes[0]}: an image holds one plane; alias each batch element"
+                )
+            elif any(r.kind == "buffer" for r in storage.resources):
+                described["why_no_image"] = (
+                    "the grid-sampler shader reads or writes this memory as packed 32-bit words; "
+                    "a tensor aliased with an image takes the image's layout (its row pitch, or "
+                    "an optimal tiling), which packed words do not follow (docs/scenario.md)"
+                )
+            else:
+                image = _Resource(
+                    self.unique(f"{stem}_image"),
+                    "image",
+                    storage.root,
+                    (1, info.sizes[3], info.sizes[2], 1),
+                    fmt,
+                    size=info.nbytes,
+                )
+                storage.resources.append(image)
+                described["image"] = image.uid
+            ios[position] = dataclasses.replace(io, texture=described)
+
+    def constants(self) -> None:
+        """Constant tensors passed to delegates become tensors initialised from the program."""
+        for storage in self.storages.values():
+            info = self.method.values[storage.root]
+            assert isinstance(info, TensorInfo)
+            if info.storage != "constant" or any(r.src for r in storage.resources):
+                continue
+            assert info.constant_index is not None and info.dtype is not None
+            data = self.method.constants[info.constant_index][: info.nbytes]
+            dims = file_dims(memory_dims(info))
+            array = np.frombuffer(data, dtype=_numpy_dtype(info.dtype)).reshape(dims)
+            file = f"constant_{storage.root}.npy"
+            self.files[file] = _npy_bytes(array)
+            resource = _Resource(
+                self.unique(f"constant_{storage.root}"),
+                "tensor",
+                storage.root,
+                dims,
+                DTYPE_FORMATS[info.dtype],
+                src=file,
+            )
+            storage.resources.insert(0, resource)
+
+    def plan(self) -> ScenarioPlan:
+        self.build()
+        if self.reasons:
+            raise ScenarioUnsupportedError(self.reasons)
+        self.constants()
+        self.textures()
+        for storage in self.storages.values():
+            if storage.last_write is None and not any(r.src for r in storage.resources):
+                self.reasons.append(
+                    f"value {storage.root} is read or returned, but no command writes it and no "
+                    "file fills it"
+                )
+        if self.reasons:
+            raise ScenarioUnsupportedError(self.reasons)
+        inputs, outputs = self.inputs, self.outputs
+        if self.dispatches:  # the results, for whoever reads them next (the host, a frame)
+            final = self.unique("barrier_all_writes_to_all_reads")
+            self.barrier_uids[("all", "memory_write", "all", "memory_read")] = final
+            self.emit_barrier([final], "after the last dispatch: the outputs, for the reader")
+        resources: list[dict[str, Any]] = []
+        memory = self.params_bytes
+        for storage in sorted(self.storages.values(), key=lambda s: s.root):
+            live = [r for r in storage.resources if r.reads or r.writes or r.src or r.dst]
+            live += [r for r in storage.resources if r.kind == "image" and r not in live]
+            if not live:
+                continue
+            group = storage.group if len(live) > 1 else None
+            memory += max(r.nbytes for r in live)
+            resources += [r.to_json(group) for r in live]
+        barrier_resources = []
+        for (src_stage, src_access, dst_stage, dst_access), uid in self.barrier_uids.items():
+            barrier_resources.append(
+                {
+                    "memory_barrier": {
+                        "uid": uid,
+                        "src_access": src_access,
+                        "dst_access": dst_access,
+                        "src_stage": [src_stage],
+                        "dst_stage": [dst_stage],
+                    }
+                }
+            )
+        scenario = {
+            "resources": self.extra_resources + resources + barrier_resources,
+            "commands": self.commands,
+        }
+        by_uid = {b["memory_barrier"]["uid"]: b["memory_barrier"] for b in barrier_resources}
+        barriers = [
+            {**use, "memory_barriers": [by_uid[uid] for uid in use["barriers"]]}
+            for use in self.barrier_uses
+        ]
+        return ScenarioPlan(
+            scenario,
+            self.files,
+            inputs,
+            outputs,
+            self.dispatches,
+            barriers,
+            self.aliases,
+            list(dict.fromkeys(self.notes)),
+            memory,
+        )
+
+
+def _is_channels_last(info: TensorInfo) -> bool:
+    """As ``etkit_gridsampler.cpu.is_channels_last`` sees a tensor laid out as ``info`` says:
+    NHWC in memory and not also contiguous (C == 1)."""
+    if len(info.sizes) != 4:
+        return False
+    probe = torch.empty_strided(info.sizes, info.strides, dtype=torch.int8)
+    return bool(probe.is_contiguous(memory_format=torch.channels_last)) and not bool(
+        probe.is_contiguous()
+    )
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
+    result: np.dtype[Any] = torch.empty((), dtype=dtype).numpy().dtype
+    return result
+
+
+def _npy_bytes(array: npt.NDArray[Any]) -> bytes:
+    import io
+
+    stream = io.BytesIO()
+    np.save(stream, np.ascontiguousarray(array), allow_pickle=False)
+    return stream.getvalue()
+
+
+def plan_scenario(
+    pte: bytes | Path | MethodInfo,
+    io_params: Mapping[str, Any] | None = None,
+    method: str = "forward",
+) -> ScenarioPlan:
+    """The scenario of ``pte`` (the bytes or the path of a ``.pte``, or a method read from one)
+    without writing anything. ``io_params`` (io_quant_params.json's content) marks the
+    texture-like IO. Raises ``ScenarioUnsupportedError`` naming every construct the scenario
+    runner cannot express."""
+    from etkit_exporter.runner import PteProgram
+
+    if isinstance(pte, MethodInfo):
+        return _Builder(pte, io_params).plan()
+    program = PteProgram.load(pte) if isinstance(pte, Path) else PteProgram.from_bytes(bytes(pte))
+    return _Builder(program.method(method), io_params).plan()
+
+
+def memory_order(value: torch.Tensor | npt.NDArray[Any], io: ScenarioIO) -> npt.NDArray[Any]:
+    """A program input (its logical shape, the program's dtype) as the scenario's ``.npy``
+    holds it: in memory order. Raises ``ValueError`` for another shape or dtype."""
+    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    if tuple(array.shape) != io.shape or str(array.dtype) != io.dtype:
+        raise ValueError(
+            f"input {io.index}: the program takes {io.dtype} {list(io.shape)}, got "
+            f"{array.dtype} {list(array.shape)}"
+        )
+    return np.ascontiguousarray(np.transpose(array, io.dim_order)).reshape(
+        file_dims(io.memory_shape)
+    )
+
+
+def write_scenario(
+    folder: Path,
+    pte: bytes | Path | MethodInfo,
+    inputs: Sequence[torch.Tensor | npt.NDArray[Any]],
+    io_params: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Writes the scenario of ``pte`` into ``folder`` (created; it must not exist or be empty)
+    with ``inputs`` (the program's inputs: its IO dtypes, logical shapes) as ``input_K.npy``.
+    Returns the summary (also written as ``etkit_scenario.json``). Raises
+    ``ScenarioUnsupportedError`` before writing anything when the program holds a construct the
+    scenario runner cannot express."""
+    plan = plan_scenario(pte, io_params)
+    if len(inputs) != len(plan.inputs):
+        raise ValueError(f"the program takes {len(plan.inputs)} inputs, got {len(inputs)}")
+    arrays = [memory_order(value, io) for value, io in zip(inputs, plan.inputs, strict=True)]
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if any(folder.iterdir()):
+        raise FileExistsError(f"{folder} is not empty")
+    files = dict(plan.files)
+    for array, io in zip(arrays, plan.inputs, strict=True):
+        files[io.file] = _npy_bytes(array)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    (folder / SCENARIO_JSON).write_text(json.dumps(plan.scenario, indent=1) + "\n")
+    summary = plan.summary()
+    summary["files"] = {
+        name: len(data) for name, data in sorted({**files, SCENARIO_JSON: b""}.items())
+    }
+    summary["files"][SCENARIO_JSON] = (folder / SCENARIO_JSON).stat().st_size
+    summary["bytes"] = sum(summary["files"].values())
+    (folder / SIDECAR_JSON).write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def export_scenario(
+    artifacts: Path,
+    example_inputs: Sequence[torch.Tensor],
+    io_params: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The export pipeline's hook: writes ``artifacts/scenario/`` for ``artifacts/model.pte``
+    with the example inputs in the program's IO types and layouts (quantized through
+    ``io_params``), and returns the report's ``scenario`` section (``scenario_report``). A
+    program the scenario runner cannot express gets no folder; the section says why."""
+    import logging
+
+    from etkit_exporter.io_params import program_input
+
+    inputs = [
+        program_input(x, entry)
+        for x, entry in zip(example_inputs, io_params["inputs"], strict=True)
+    ]
+    try:
+        summary = write_scenario(
+            artifacts / SCENARIO_DIR, artifacts / "model.pte", inputs, io_params
+        )
+    except ScenarioUnsupportedError as error:
+        logging.getLogger(__name__).warning("%s", error)
+        return scenario_report(None, error)
+    return scenario_report(summary)
+
+
+def scenario_report(
+    summary: Mapping[str, Any] | None, refused: ScenarioUnsupportedError | None = None
+) -> dict[str, Any]:
+    """The report's ``scenario`` section: what the scenario holds (dispatches, resources,
+    bytes) and how to run it, or why there is none."""
+    if summary is None:
+        return {
+            "written": False,
+            "reason": str(refused) if refused is not None else "not asked for",
+            "refused": list(refused.reasons) if refused is not None else [],
+        }
+    return {
+        "written": True,
+        "folder": SCENARIO_DIR,
+        "dispatches": [
+            {
+                key: d[key]
+                for key in ("command", "instruction", "delegate", "backend", "file", "rangeND")
+                if key in d
+            }
+            for d in summary["dispatches"]
+        ],
+        "commands": summary["commands"],
+        "resources": summary["resources"],
+        "memory_groups": summary["memory_groups"],
+        "memory_bytes": summary["memory_bytes"],
+        "files": summary["files"],
+        "bytes": summary.get("bytes"),
+        "aliases": summary["aliases"],
+        "notes": summary["notes"],
+        "inputs": [io["file"] for io in summary["inputs"]],
+        "outputs": [io["file"] for io in summary["outputs"]],
+        "run": [
+            f"scenario_runner --scenario {SCENARIO_DIR}/{SCENARIO_JSON} --output OUT",
+            f"etkit run --scenario {SCENARIO_DIR}/",
+            "python -c 'from etkit_exporter.scenario import run_scenario; "
+            f'print(run_scenario("{SCENARIO_DIR}"))\'',
+        ],
+    }
+
+
+def scenario_markdown(section: Mapping[str, Any]) -> list[str]:
+    """report.md's "Vulkan scenario" lines for a ``scenario_report`` section."""
+    lines = ["## Vulkan scenario", ""]
+    if not section.get("written"):
+        lines += [f"No scenario was written: {section.get('reason')}", ""]
+        return lines
+    commands = ", ".join(f"{n} {kind}" for kind, n in section["commands"].items())
+    resources = ", ".join(f"{n} {kind}" for kind, n in section["resources"].items())
+    lines += [
+        f"`{section['folder']}/`: {commands}; resources: {resources}; "
+        f"{section['memory_groups']} memory groups (aliasing); device memory "
+        f"{section['memory_bytes']} bytes; files {section['bytes']} bytes.",
+        "",
+        "| command | instruction | delegate | backend | file | workgroups |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d in section["dispatches"]:
+        groups = "x".join(str(g) for g in d.get("rangeND", [])) or "-"
+        lines.append(
+            f"| {d['command']} | {d['instruction']} | {d['delegate']} | {d['backend']} | "
+            f"{d['file']} | {groups} |"
+        )
+    lines += ["", "Run it:", "", "```"]
+    lines += [
+        f"scenario_runner --scenario {section['folder']}/{SCENARIO_JSON} --output OUT",
+        f"etkit run --scenario {section['folder']}/",
+        "```",
+        "",
+    ]
+    return lines
