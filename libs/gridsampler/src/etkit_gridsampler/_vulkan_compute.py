@@ -1,5 +1,8 @@
 """A small Vulkan compute runner on the ``vulkan`` (cffi) bindings: one device, storage buffers
 in, storage buffers out, push constants, a dispatch. The grid-sampler's Vulkan kernel runs on it.
+Pipelines are built once per shader and kept; ``ComputeDevice.prepare`` keeps a dispatch's
+buffers and command buffer too, so that uploads, dispatches and downloads can be repeated (and
+timed) apart.
 
 Host-visible, host-coherent memory throughout: simple and exact; fast enough on lavapipe, where
 device memory is host memory anyway.
@@ -10,8 +13,10 @@ from __future__ import annotations
 import numbers
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -20,6 +25,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+# Compute pipelines a device keeps (per shader and specialization), least recently used first out.
+MAX_PIPELINES = 64
+_PipelineKey = tuple[bytes, int, int, tuple[tuple[int, int], ...]]
 
 
 class VulkanUnavailableError(RuntimeError):
@@ -146,8 +155,9 @@ class ComputeDevice:
             )
         self._physical, self._queue_family = chosen
         supported = vk.vkGetPhysicalDeviceFeatures(self._physical)
+        #: Whether the device offers 64-bit shader integers (shaderInt64). Informational: no
+        #: optional feature is enabled, and the grid sampler's kernel uses 32-bit integers only.
         self.shader_int64 = bool(supported.shaderInt64)
-        enabled = vk.VkPhysicalDeviceFeatures(shaderInt64=vk.VK_TRUE if self.shader_int64 else 0)
         queue_info = vk.VkDeviceQueueCreateInfo(
             sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
             queueFamilyIndex=self._queue_family,
@@ -160,12 +170,12 @@ class ComputeDevice:
                 sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
                 queueCreateInfoCount=1,
                 pQueueCreateInfos=[queue_info],
-                pEnabledFeatures=enabled,
             ),
             None,
         )
         self._queue = vk.vkGetDeviceQueue(self._device, self._queue_family, 0)
         self._memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(self._physical)
+        self._pipelines: OrderedDict[_PipelineKey, _Pipeline] = OrderedDict()
         limits = vk.vkGetPhysicalDeviceProperties(self._physical).limits
         #: The largest storage buffer a shader may bind, in bytes (maxStorageBufferRange).
         self.max_storage_buffer_bytes = int(limits.maxStorageBufferRange)
@@ -221,69 +231,55 @@ class ComputeDevice:
         group_counts: tuple[int, int, int],
         push_constants: bytes = b"",
         read_back: Sequence[int] | None = None,
+        specialization: Sequence[tuple[int, int]] = (),
     ) -> list[npt.NDArray[Any]]:
         """Dispatches ``spirv`` (entry point ``main``) with ``buffers[i]`` bound at set 0, binding
         i, and returns copies of the buffers listed in ``read_back`` (all by default) after the
-        dispatch, each with its input's dtype and shape. Raises ``ValueError`` before allocating
-        anything when a buffer or a group count exceeds this device's limits."""
+        dispatch, each with its input's dtype and shape. ``specialization``: (constant id, 32-bit
+        integer value) of the specialization constants to set. Raises ``ValueError`` before
+        allocating anything when a buffer or a group count exceeds this device's limits. The
+        pipeline is built once per shader and specialization, and kept (``prepare``)."""
         self.check_limits(buffers, group_counts)
-        vk = self._vk
-        device = self._device
         read_back = list(range(len(buffers))) if read_back is None else list(read_back)
         if any(not 0 <= index < len(buffers) for index in read_back):
             raise ValueError(
                 f"read_back must list buffer indices below {len(buffers)}, got {read_back}"
             )
-        created: list[tuple[Any, Any, int]] = []
-        try:
-            for array in buffers:
-                size = max(int(array.nbytes), 4)
-                buffer = vk.vkCreateBuffer(
-                    device,
-                    vk.VkBufferCreateInfo(
-                        sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
-                        size=size,
-                        usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
-                        sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE,
-                    ),
-                    None,
+        with self.prepare(
+            spirv,
+            [int(array.nbytes) for array in buffers],
+            group_counts,
+            push_constants,
+            specialization,
+        ) as bound:
+            for index, array in enumerate(buffers):
+                bound.write(index, array)
+            bound.dispatch()
+            return [
+                bound.read(index, buffers[index].dtype, buffers[index].size).reshape(
+                    buffers[index].shape
                 )
-                requirements = vk.vkGetBufferMemoryRequirements(device, buffer)
-                memory = vk.vkAllocateMemory(
-                    device,
-                    vk.VkMemoryAllocateInfo(
-                        sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
-                        allocationSize=requirements.size,
-                        memoryTypeIndex=self._memory_type(
-                            requirements.memoryTypeBits,
-                            vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
-                            | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
-                        ),
-                    ),
-                    None,
-                )
-                created.append((buffer, memory, size))
-                vk.vkBindBufferMemory(device, buffer, memory, 0)
-                mapped = vk.vkMapMemory(device, memory, 0, size, 0)
-                host = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
-                np.frombuffer(mapped, dtype=np.uint8, count=host.size)[:] = host
-                vk.vkUnmapMemory(device, memory)
-            self._dispatch(
-                spirv, [(b, size) for b, _, size in created], group_counts, push_constants
-            )
-            results = []
-            for index in read_back:
-                array = buffers[index]
-                memory = created[index][1]
-                mapped = vk.vkMapMemory(device, memory, 0, max(int(array.nbytes), 4), 0)
-                data = np.frombuffer(mapped, dtype=array.dtype, count=array.size).copy()
-                vk.vkUnmapMemory(device, memory)
-                results.append(data.reshape(array.shape))
-            return results
-        finally:
-            for buffer, memory, _ in created:
-                vk.vkDestroyBuffer(device, buffer, None)
-                vk.vkFreeMemory(device, memory, None)
+                for index in read_back
+            ]
+
+    def prepare(
+        self,
+        spirv: bytes,
+        buffer_bytes: Sequence[int],
+        group_counts: tuple[int, int, int],
+        push_constants: bytes = b"",
+        specialization: Sequence[tuple[int, int]] = (),
+    ) -> BoundDispatch:
+        """A dispatch of ``spirv`` (specialized as ``run`` says) made ready to run many times:
+        storage buffers of ``buffer_bytes`` bytes (set 0, bindings 0..k-1; host-visible,
+        mapped), its descriptor set and its recorded command buffer. ``write`` / ``dispatch`` /
+        ``read`` on the result upload, run and download separately (a benchmark times them
+        apart); ``close`` it, or use it as a context manager. Raises ``ValueError`` when a size
+        or a group count exceeds this device's limits."""
+        self._check_sizes(list(buffer_bytes), group_counts)
+        return BoundDispatch(
+            self, spirv, buffer_bytes, group_counts, push_constants, specialization
+        )
 
     def check_limits(
         self, buffers: Sequence[npt.NDArray[Any]], group_counts: tuple[int, int, int]
@@ -296,9 +292,13 @@ class ComputeDevice:
                     f"buffer {index} must be a numpy.ndarray, got {type(array).__name__}; convert "
                     "a tensor with .numpy()"
                 )
-            if int(array.nbytes) > self.max_storage_buffer_bytes:
+        self._check_sizes([int(array.nbytes) for array in buffers], group_counts)
+
+    def _check_sizes(self, buffer_bytes: list[int], group_counts: tuple[int, int, int]) -> None:
+        for index, size in enumerate(buffer_bytes):
+            if size > self.max_storage_buffer_bytes:
                 raise ValueError(
-                    f"buffer {index} has {array.nbytes} bytes, more than this Vulkan device's "
+                    f"buffer {index} has {size} bytes, more than this Vulkan device's "
                     f"maxStorageBufferRange of {self.max_storage_buffer_bytes} bytes; split the "
                     "work into smaller dispatches"
                 )
@@ -314,13 +314,23 @@ class ComputeDevice:
                     f"maxComputeWorkGroupCount of {limit}"
                 )
 
-    def _dispatch(
+    def _pipeline(
         self,
         spirv: bytes,
-        buffers: Sequence[tuple[Any, int]],
-        group_counts: tuple[int, int, int],
-        push_constants: bytes,
-    ) -> None:
+        binding_count: int,
+        push_bytes: int,
+        specialization: Sequence[tuple[int, int]] = (),
+    ) -> _Pipeline:
+        """The compute pipeline of ``spirv`` with ``binding_count`` storage buffers,
+        ``push_bytes`` of push constants and these specialization constants (id, int32 value),
+        built on first use and kept until ``close``: building it compiles the shader (on
+        lavapipe, to machine code: tens of milliseconds)."""
+        constants = tuple((int(constant_id), int(value)) for constant_id, value in specialization)
+        key = (bytes(spirv), binding_count, push_bytes, constants)
+        cached = self._pipelines.get(key)
+        if cached is not None:
+            self._pipelines.move_to_end(key)
+            return cached
         vk = self._vk
         device = self._device
         bindings = [
@@ -330,7 +340,7 @@ class ComputeDevice:
                 descriptorCount=1,
                 stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT,
             )
-            for i in range(len(buffers))
+            for i in range(binding_count)
         ]
         set_layout = vk.vkCreateDescriptorSetLayout(
             device,
@@ -344,10 +354,10 @@ class ComputeDevice:
         push_ranges = (
             [
                 vk.VkPushConstantRange(
-                    stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=len(push_constants)
+                    stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push_bytes
                 )
             ]
-            if push_constants
+            if push_bytes
             else []
         )
         pipeline_layout = vk.vkCreatePipelineLayout(
@@ -370,21 +380,170 @@ class ComputeDevice:
             ),
             None,
         )
-        # The stage info (and its entry-point name) must outlive pipeline creation: an inline
-        # temporary is freed early and creation fails with VkErrorUnknown.
-        stage = vk.VkPipelineShaderStageCreateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
-            stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
-            module=module,
-            pName="main",
+        try:
+            # The stage info (and its entry-point name) must outlive pipeline creation: an
+            # inline temporary is freed early and creation fails with VkErrorUnknown.
+            # as must the specialization data, which the stage info points into
+            data = struct.pack(f"<{len(constants)}i", *(value for _, value in constants))
+            data_buffer = vk.ffi.new("char[]", data) if constants else None
+            entries = [
+                vk.VkSpecializationMapEntry(constantID=constant_id, offset=4 * i, size=4)
+                for i, (constant_id, _) in enumerate(constants)
+            ]
+            specialization_info = (
+                vk.VkSpecializationInfo(
+                    mapEntryCount=len(entries),
+                    pMapEntries=entries,
+                    dataSize=len(data),
+                    pData=data_buffer,
+                )
+                if constants
+                else None
+            )
+            stage = vk.VkPipelineShaderStageCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                module=module,
+                pName="main",
+                pSpecializationInfo=specialization_info,
+            )
+            pipeline_info = vk.VkComputePipelineCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+                stage=stage,
+                layout=pipeline_layout,
+            )
+            pipeline = vk.vkCreateComputePipelines(device, None, 1, [pipeline_info], None)[0]
+        except BaseException:
+            vk.vkDestroyShaderModule(device, module, None)
+            vk.vkDestroyPipelineLayout(device, pipeline_layout, None)
+            vk.vkDestroyDescriptorSetLayout(device, set_layout, None)
+            raise
+        created = _Pipeline(module, set_layout, pipeline_layout, pipeline)
+        self._pipelines[key] = created
+        # the least recently used ones beyond MAX_PIPELINES go (not those in use)
+        unused = [old_key for old_key, old in self._pipelines.items() if old.users == 0]
+        for old_key in unused[: max(0, len(self._pipelines) - MAX_PIPELINES)]:
+            self._destroy_pipeline(self._pipelines.pop(old_key))
+        return created
+
+    def _destroy_pipeline(self, pipeline: _Pipeline) -> None:
+        vk = self._vk
+        vk.vkDestroyPipeline(self._device, pipeline.pipeline, None)
+        vk.vkDestroyShaderModule(self._device, pipeline.module, None)
+        vk.vkDestroyPipelineLayout(self._device, pipeline.layout, None)
+        vk.vkDestroyDescriptorSetLayout(self._device, pipeline.set_layout, None)
+
+    def _host_buffer(self, size: int) -> tuple[Any, Any, Any]:
+        """A storage buffer of ``size`` bytes in host-visible, host-coherent memory, bound and
+        mapped: (buffer, memory, mapping)."""
+        vk = self._vk
+        device = self._device
+        buffer = vk.vkCreateBuffer(
+            device,
+            vk.VkBufferCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                size=size,
+                usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE,
+            ),
+            None,
         )
-        pipeline_info = vk.VkComputePipelineCreateInfo(
-            sType=vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
-            stage=stage,
-            layout=pipeline_layout,
-        )
-        pipeline = vk.vkCreateComputePipelines(device, None, 1, [pipeline_info], None)[0]
-        pool = vk.vkCreateDescriptorPool(
+        try:
+            requirements = vk.vkGetBufferMemoryRequirements(device, buffer)
+            memory = vk.vkAllocateMemory(
+                device,
+                vk.VkMemoryAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                    allocationSize=requirements.size,
+                    memoryTypeIndex=self._memory_type(
+                        requirements.memoryTypeBits,
+                        vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+                        | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                    ),
+                ),
+                None,
+            )
+        except BaseException:
+            vk.vkDestroyBuffer(device, buffer, None)
+            raise
+        try:
+            vk.vkBindBufferMemory(device, buffer, memory, 0)
+            mapping = vk.vkMapMemory(device, memory, 0, size, 0)
+        except BaseException:
+            vk.vkDestroyBuffer(device, buffer, None)
+            vk.vkFreeMemory(device, memory, None)
+            raise
+        return buffer, memory, mapping
+
+    def close(self) -> None:
+        """Releases the device; the runner cannot be used afterwards."""
+        vk = self._vk
+        if getattr(self, "_device", None) is not None:
+            for pipeline in self._pipelines.values():
+                self._destroy_pipeline(pipeline)
+            self._pipelines.clear()
+            vk.vkDestroyCommandPool(self._device, self._command_pool, None)
+            vk.vkDestroyDevice(self._device, None)
+            vk.vkDestroyInstance(self._instance, None)
+            self._device = None
+
+
+@dataclass
+class _Pipeline:
+    module: Any
+    set_layout: Any
+    layout: Any
+    pipeline: Any
+    users: int = 0  # the BoundDispatch objects open on it: it is not evicted while they are
+
+
+class BoundDispatch:
+    """One compute dispatch prepared to run many times (``ComputeDevice.prepare``): its storage
+    buffers stay allocated and mapped, its command buffer recorded. ``write`` uploads a buffer,
+    ``dispatch`` runs the shader and waits for it, ``read`` downloads a buffer."""
+
+    def __init__(
+        self,
+        owner: ComputeDevice,
+        spirv: bytes,
+        buffer_bytes: Sequence[int],
+        group_counts: tuple[int, int, int],
+        push_constants: bytes,
+        specialization: Sequence[tuple[int, int]] = (),
+    ) -> None:
+        vk = owner._vk
+        self._vk = vk
+        self._device = owner._device
+        self._command_pool = owner._command_pool
+        self._queue = owner._queue
+        self.sizes = [max(int(size), 4) for size in buffer_bytes]
+        self._buffers: list[tuple[Any, Any, Any]] = []
+        self._pool: Any = None
+        self._command_buffer: Any = None
+        self._fence: Any = None
+        self._pipeline: _Pipeline | None = None
+        try:
+            pipeline = owner._pipeline(spirv, len(self.sizes), len(push_constants), specialization)
+            pipeline.users += 1
+            self._pipeline = pipeline
+            for size in self.sizes:
+                self._buffers.append(owner._host_buffer(size))
+            self._record(pipeline, group_counts, push_constants)
+            self._fence = vk.vkCreateFence(
+                self._device,
+                vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO),
+                None,
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    def _record(
+        self, pipeline: _Pipeline, group_counts: tuple[int, int, int], push_constants: bytes
+    ) -> None:
+        vk = self._vk
+        device = self._device
+        self._pool = vk.vkCreateDescriptorPool(
             device,
             vk.VkDescriptorPoolCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
@@ -392,113 +551,151 @@ class ComputeDevice:
                 poolSizeCount=1,
                 pPoolSizes=[
                     vk.VkDescriptorPoolSize(
-                        type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=len(buffers)
+                        type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                        descriptorCount=len(self._buffers),
                     )
                 ],
             ),
             None,
         )
-        fence = None
-        command_buffer = None
-        try:
-            descriptor_set = vk.vkAllocateDescriptorSets(
-                device,
-                vk.VkDescriptorSetAllocateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
-                    descriptorPool=pool,
-                    descriptorSetCount=1,
-                    pSetLayouts=[set_layout],
-                ),
-            )[0]
-            buffer_infos = [
-                vk.VkDescriptorBufferInfo(buffer=buffer, offset=0, range=size)
-                for buffer, size in buffers
-            ]
-            writes = [
-                vk.VkWriteDescriptorSet(
-                    sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
-                    dstSet=descriptor_set,
-                    dstBinding=i,
-                    descriptorCount=1,
-                    descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                    pBufferInfo=[info],
+        descriptor_set = vk.vkAllocateDescriptorSets(
+            device,
+            vk.VkDescriptorSetAllocateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                descriptorPool=self._pool,
+                descriptorSetCount=1,
+                pSetLayouts=[pipeline.set_layout],
+            ),
+        )[0]
+        buffer_infos = [
+            vk.VkDescriptorBufferInfo(buffer=buffer, offset=0, range=size)
+            for (buffer, _, _), size in zip(self._buffers, self.sizes, strict=True)
+        ]
+        writes = [
+            vk.VkWriteDescriptorSet(
+                sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                dstSet=descriptor_set,
+                dstBinding=i,
+                descriptorCount=1,
+                descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                pBufferInfo=[info],
+            )
+            for i, info in enumerate(buffer_infos)
+        ]
+        vk.vkUpdateDescriptorSets(device, len(writes), writes, 0, None)
+        self._command_buffer = vk.vkAllocateCommandBuffers(
+            device,
+            vk.VkCommandBufferAllocateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                commandPool=self._command_pool,
+                level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                commandBufferCount=1,
+            ),
+        )[0]
+        command_buffer = self._command_buffer
+        vk.vkBeginCommandBuffer(
+            command_buffer,
+            vk.VkCommandBufferBeginInfo(sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO),
+        )
+        vk.vkCmdBindPipeline(command_buffer, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.pipeline)
+        vk.vkCmdBindDescriptorSets(
+            command_buffer,
+            vk.VK_PIPELINE_BIND_POINT_COMPUTE,
+            pipeline.layout,
+            0,
+            1,
+            [descriptor_set],
+            0,
+            None,
+        )
+        if push_constants:
+            vk.vkCmdPushConstants(
+                command_buffer,
+                pipeline.layout,
+                vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                0,
+                len(push_constants),
+                vk.ffi.from_buffer(push_constants),
+            )
+        vk.vkCmdDispatch(command_buffer, *group_counts)
+        # the shader's writes made visible to the host's reads after the fence
+        vk.vkCmdPipelineBarrier(
+            command_buffer,
+            vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+            vk.VK_PIPELINE_STAGE_HOST_BIT,
+            0,
+            1,
+            [
+                vk.VkMemoryBarrier(
+                    sType=vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                    srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                    dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT,
                 )
-                for i, info in enumerate(buffer_infos)
-            ]
-            vk.vkUpdateDescriptorSets(device, len(writes), writes, 0, None)
-            command_buffer = vk.vkAllocateCommandBuffers(
-                device,
-                vk.VkCommandBufferAllocateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
-                    commandPool=self._command_pool,
-                    level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+            ],
+            0,
+            None,
+            0,
+            None,
+        )
+        vk.vkEndCommandBuffer(command_buffer)
+
+    def write(self, index: int, array: npt.NDArray[Any]) -> None:
+        """Copies ``array``'s bytes (memory order) to the start of buffer ``index``."""
+        host = np.ascontiguousarray(array).view(np.uint8).reshape(-1)
+        if host.size > self.sizes[index]:
+            raise ValueError(
+                f"buffer {index} holds {self.sizes[index]} bytes, got an array of {host.size}"
+            )
+        np.frombuffer(self._buffers[index][2], dtype=np.uint8, count=host.size)[:] = host
+
+    def read(self, index: int, dtype: npt.DTypeLike, count: int) -> npt.NDArray[Any]:
+        """A copy of the first ``count`` elements of ``dtype`` in buffer ``index``."""
+        return np.frombuffer(self._buffers[index][2], dtype=dtype, count=count).copy()
+
+    def dispatch(self) -> None:
+        """Runs the recorded dispatch and waits for it to finish."""
+        vk = self._vk
+        vk.vkResetFences(self._device, 1, [self._fence])
+        vk.vkQueueSubmit(
+            self._queue,
+            1,
+            [
+                vk.VkSubmitInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
                     commandBufferCount=1,
-                ),
-            )[0]
-            vk.vkBeginCommandBuffer(
-                command_buffer,
-                vk.VkCommandBufferBeginInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-                    flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT,
-                ),
-            )
-            vk.vkCmdBindPipeline(command_buffer, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline)
-            vk.vkCmdBindDescriptorSets(
-                command_buffer,
-                vk.VK_PIPELINE_BIND_POINT_COMPUTE,
-                pipeline_layout,
-                0,
-                1,
-                [descriptor_set],
-                0,
-                None,
-            )
-            if push_constants:
-                vk.vkCmdPushConstants(
-                    command_buffer,
-                    pipeline_layout,
-                    vk.VK_SHADER_STAGE_COMPUTE_BIT,
-                    0,
-                    len(push_constants),
-                    vk.ffi.from_buffer(push_constants),
+                    pCommandBuffers=[self._command_buffer],
                 )
-            vk.vkCmdDispatch(command_buffer, *group_counts)
-            vk.vkEndCommandBuffer(command_buffer)
-            fence = vk.vkCreateFence(
-                device, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None
-            )
-            vk.vkQueueSubmit(
-                self._queue,
-                1,
-                [
-                    vk.VkSubmitInfo(
-                        sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
-                        commandBufferCount=1,
-                        pCommandBuffers=[command_buffer],
-                    )
-                ],
-                fence,
-            )
-            vk.vkWaitForFences(device, 1, [fence], vk.VK_TRUE, 2**63 - 1)
-        finally:
-            if fence is not None:
-                vk.vkDestroyFence(device, fence, None)
-            if command_buffer is not None:
-                vk.vkFreeCommandBuffers(device, self._command_pool, 1, [command_buffer])
-            vk.vkDestroyDescriptorPool(device, pool, None)
-            vk.vkDestroyPipeline(device, pipeline, None)
-            vk.vkDestroyShaderModule(device, module, None)
-            vk.vkDestroyPipelineLayout(device, pipeline_layout, None)
-            vk.vkDestroyDescriptorSetLayout(device, set_layout, None)
+            ],
+            self._fence,
+        )
+        vk.vkWaitForFences(self._device, 1, [self._fence], vk.VK_TRUE, 2**63 - 1)
 
     def close(self) -> None:
-        """Releases the device; the runner cannot be used afterwards."""
+        """Frees the buffers, the descriptor set and the command buffer (idempotent)."""
         vk = self._vk
-        if getattr(self, "_device", None) is not None:
-            vk.vkDestroyCommandPool(self._device, self._command_pool, None)
-            vk.vkDestroyDevice(self._device, None)
-            vk.vkDestroyInstance(self._instance, None)
-            self._device = None
+        device = self._device
+        if self._fence is not None:
+            vk.vkDestroyFence(device, self._fence, None)
+            self._fence = None
+        if self._command_buffer is not None:
+            vk.vkFreeCommandBuffers(device, self._command_pool, 1, [self._command_buffer])
+            self._command_buffer = None
+        if self._pool is not None:
+            vk.vkDestroyDescriptorPool(device, self._pool, None)
+            self._pool = None
+        for buffer, memory, _ in self._buffers:
+            vk.vkDestroyBuffer(device, buffer, None)
+            vk.vkFreeMemory(device, memory, None)
+        self._buffers = []
+        if self._pipeline is not None:
+            self._pipeline.users -= 1
+            self._pipeline = None
+
+    def __enter__(self) -> BoundDispatch:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 @cache

@@ -1,9 +1,11 @@
 """The grid sampler's Vulkan compute kernel (shaders/grid_sample.comp), dispatched through the
-``vulkan`` bindings on any Vulkan device with 64-bit shader integers (lavapipe here).
+``vulkan`` bindings on any Vulkan device with a compute queue (lavapipe here).
 
-It implements the integer contract of docs/contract.md bit for bit as the CPU kernel does. The
-SPIR-V is compiled from the GLSL on first use (never stored as a binary). ``dispatch`` describes
-its bindings, parameter block and dispatch size as data, for running it from a scenario.
+It implements the integer contract of docs/contract.md bit for bit as the CPU kernel does, in
+32-bit integer arithmetic only: it needs no 64-bit shader integers (``shaderInt64``), which many
+mobile GPUs lack. The SPIR-V is compiled from the GLSL on first use (never stored as a binary).
+``dispatch`` describes its bindings, parameter block and dispatch size as data, for running it
+from a scenario.
 """
 
 from __future__ import annotations
@@ -48,20 +50,71 @@ MAX_GROUPS_X = 65535
 # The shader indexes the image, the grid and the output with 32-bit signed integers, and the
 # parameter block holds their sizes and strides as such: none may have more elements than this.
 MAX_ELEMENTS = 2**31 - 1
-# The parameter block (binding 3, std430): the 16 int64 of the plan, then these.
-PARAMS_FORMAT = "<16q16ifi"
+# The parameter block (binding 3, std430): 32-bit words only, in this order. The plan's 64-bit
+# values travel as (lo, hi) word pairs; ``dispatch`` derives the per-axis constants of step 1
+# from the plan (see ``_axis_words``) and the reciprocals of the output's sizes (``_reciprocal``).
 PARAMS_FIELDS = (
-    "x_multiplier", "x_shift", "x_offset", "x_size",
-    "y_multiplier", "y_shift", "y_offset", "y_size",
-    "grid_zero_point", "image_zero_point",
-    "output_zero_point", "output_min", "output_max",
-    "requant_multiplier", "requant_shift", "float_output",
+    "x_multiplier_lo", "x_multiplier_hi", "x_addend_lo", "x_addend_hi",
+    "x_shift", "x_offset_lo", "x_offset_hi", "x_size",
+    "y_multiplier_lo", "y_multiplier_hi", "y_addend_lo", "y_addend_hi",
+    "y_shift", "y_offset_lo", "y_offset_hi", "y_size",
+    "image_zero_point", "image_zero_word", "output_zero_point", "output_min", "output_max",
+    "requant_multiplier", "requant_shift_high", "float_output", "float_output_scale",
     "batch", "channels", "height", "width",
     "out_height", "out_width", "output_channels_last", "grid_is_int8",
     "image_stride_n", "image_stride_c", "image_stride_y", "image_stride_x",
-    "mode", "padding", "align_corners", "words_per_row",
-    "float_output_scale", "total_elements",
+    "mode", "padding", "align_corners",
+    "pixel_path", "invocations", "invocations_per_row", "total_elements",
+    "out_width_magic", "out_height_magic", "channels_magic",
+    "out_width_shift", "out_height_shift", "channels_shift",
 )  # fmt: skip
+PARAMS_FORMAT = "<" + "IIIIIIIi" * 2 + "iIiiiiiif" + "i" * 19 + "IIIIII"
+# The shader's specialization constants, by constant id: each defaults to -1 (read the switch
+# from the parameter block), so the SPIR-V runs any configuration unspecialized; ``dispatch``
+# gives the values of its configuration (the same as the parameter block's), with which a
+# pipeline compiles only that configuration (much faster where a driver runs both sides of a
+# branch, as lavapipe does).
+SPECIALIZATION_CONSTANTS = (
+    "pixel_path", "mode", "padding", "align_corners", "float_output", "grid_is_int8",
+    "coord_shift", "requant_shift_high", "channel_quads",
+)  # fmt: skip
+_WORD = 2**32
+_QWORD = 2**64
+
+
+def _reciprocal(divisor: int) -> tuple[int, int]:
+    """(magic, shift) for the shader's ``divide``: ``floor(j / divisor) = floor(j * magic /
+    2^(31 + shift))`` for every ``j < 2^31``, with ``shift = ceil(log2(divisor))`` and ``magic =
+    ceil(2^(31 + shift) / divisor) < 2^32`` (Granlund and Montgomery): ``j * (magic * divisor -
+    2^(31 + shift)) < 2^31 * divisor <= 2^(31 + shift)``, so the product moves ``j / divisor``
+    by less than ``1 / divisor``, never across an integer."""
+    if not 1 <= divisor < 2**31:
+        raise ValueError(f"divisor must be in [1, 2^31), got {divisor}")
+    shift = (divisor - 1).bit_length()
+    magic = -(-(1 << (31 + shift)) // divisor)
+    return magic, shift
+
+
+def _axis_words(
+    multiplier: int, shift: int, offset: int, size: int, grid_zero_point: int, grid_bias: int
+) -> tuple[int, ...]:
+    """Step 1 of one axis as the shader computes it: ``P = ((u * m + a) >> s) + offset`` modulo
+    2^64 with ``u = q + grid_bias`` (unsigned: ``grid_bias`` is 2^15 for int16 grids, 2^7 for
+    int8). The plan's ``shift_round((q - zero) * multiplier, shift) + offset`` gives the same 64
+    bits: ``(q - zero) * multiplier + 2^(shift - 1) = u * m + a`` modulo 2^64 with ``m =
+    multiplier``, ``a = 2^(shift - 1) - (grid_bias + zero) * m``; a left shift (``shift <= 0``:
+    ``product * 2^-shift``) is folded into ``m = multiplier * 2^-shift`` with ``s = 0``. Returns
+    the (lo, hi) words of m and a, s, the (lo, hi) words of the offset, the size."""
+    if shift > 0:
+        m, s, rounding = multiplier % _QWORD, shift, 1 << (shift - 1)
+    else:
+        m, s, rounding = (multiplier << -shift) % _QWORD, 0, 0
+    addend = (rounding - (grid_bias + grid_zero_point) * m) % _QWORD
+    offset %= _QWORD
+    return (
+        m % _WORD, m // _WORD, addend % _WORD, addend // _WORD,
+        s, offset % _WORD, offset // _WORD, size,
+    )  # fmt: skip
 
 
 def shader_source() -> str:
@@ -76,11 +129,13 @@ def spirv() -> bytes:
 
 
 def is_available() -> bool:
-    """True when a Vulkan device with a compute queue and 64-bit shader integers can be used."""
+    """True when a Vulkan device with a compute queue can be used (the kernel needs no optional
+    feature: 32-bit integers only)."""
     try:
-        return default_device().shader_int64
+        default_device()
     except VulkanUnavailableError:
         return False
+    return True
 
 
 def device_info() -> DeviceInfo:
@@ -94,8 +149,15 @@ class KernelDispatch:
     """How to run the kernel: what a scenario needs to dispatch it.
 
     ``bindings``: (set, binding, name, element type, byte size) of each storage buffer;
-    ``params``: the parameter block's field values (binding 3, packed with ``PARAMS_FORMAT``);
-    ``group_counts``: workgroups in x, y, z (``WORKGROUP_SIZE`` invocations each)."""
+    ``params``: the parameter block's field values (binding 3: 32-bit words, ``PARAMS_FIELDS``
+    packed with ``PARAMS_FORMAT``; ``params_bytes()`` packs them);
+    ``group_counts``: workgroups in x, y, z (``WORKGROUP_SIZE`` invocations each); the shader
+    reads the invocation index as ``y * invocations_per_row + x`` and skips those past
+    ``invocations``: with ``pixel_path`` (channels-last, C a multiple of 4) the pixels of one
+    image, z being the batch index; otherwise the output's 32-bit words, z = 1;
+    ``specialization_constants``: (constant id, name, value) of the shader's specialization
+    constants for this configuration (``SPECIALIZATION_CONSTANTS``); optional (the SPIR-V runs
+    unspecialized too, with the same results), a pipeline specialized with them is faster."""
 
     bindings: tuple[tuple[int, int, str, str, int], ...]
     params: dict[str, int | float]
@@ -103,6 +165,7 @@ class KernelDispatch:
     workgroup_size: tuple[int, int, int]
     group_counts: tuple[int, int, int]
     shader: str = "etkit_gridsampler/shaders/grid_sample.comp"
+    specialization_constants: tuple[tuple[int, str, int], ...] = ()
 
     def params_bytes(self) -> bytes:
         """The parameter block, as the shader reads it."""
@@ -192,10 +255,23 @@ def dispatch(
     batch, channels, height, width = image_sizes
     _, out_height, out_width, _ = grid_sizes
     constants = plan(op, height, width)
+    (x_multiplier, x_shift, x_offset, x_size, y_multiplier, y_shift, y_offset, y_size,
+     grid_zero_point, image_zero_point, output_zero_point, output_min, output_max,
+     requant_multiplier, requant_shift, _) = constants.values  # fmt: skip
     total = batch * channels * out_height * out_width
     float_output = op.output is None
+    if float_output:
+        requant_multiplier, requant_shift = 0, 33
+    elif not 33 <= requant_shift <= 62:  # the plan's ratio <= 32 keeps it in 39 .. 62
+        raise UnsupportedOpError(
+            f"the Vulkan kernel requantizes with a shift of 33 to 62 bits, got {requant_shift}"
+        )
     words = total if float_output else math.ceil(total / 4)
-    groups = math.ceil(words / WORKGROUP_SIZE)
+    # RGBA-like channels-last layouts: one invocation per output pixel, all its channels; the
+    # batch index is the workgroup's z (at most 65535, Vulkan's least maxComputeWorkGroupCount)
+    pixel_path = channels_last and channels % 4 == 0 and batch <= MAX_GROUPS_X
+    invocations = out_height * out_width if pixel_path else words
+    groups = math.ceil(invocations / WORKGROUP_SIZE)
     groups_x = min(groups, MAX_GROUPS_X)
     groups_y = math.ceil(groups / groups_x)
     if channels_last:
@@ -203,15 +279,36 @@ def dispatch(
     else:
         strides = (channels * height * width, height * width, width, 1)
     grid_bytes = 1 if op.grid.dtype == torch.int8 else 2
+    grid_bias = 2 ** (8 * grid_bytes - 1)
+    width_magic, width_shift = _reciprocal(out_width)
+    height_magic, height_shift = _reciprocal(out_height)
+    channels_magic, channels_shift = _reciprocal(channels)
     values: list[int | float] = [
-        *constants.values,
+        *_axis_words(x_multiplier, x_shift, x_offset, x_size, grid_zero_point, grid_bias),
+        *_axis_words(y_multiplier, y_shift, y_offset, y_size, grid_zero_point, grid_bias),
+        image_zero_point, (image_zero_point & 0xFF) * 0x01010101,
+        output_zero_point, output_min, output_max,
+        requant_multiplier, requant_shift - 32, int(float_output), constants.float_output_scale,
         batch, channels, height, width,
         out_height, out_width, int(channels_last), int(grid_bytes == 1),
         *strides,
         MODE_CODES[op.mode], PADDING_CODES[op.padding_mode], int(op.align_corners),
-        groups_x * WORKGROUP_SIZE,
-        constants.float_output_scale, total,
+        int(pixel_path), invocations, groups_x * WORKGROUP_SIZE, total,
+        width_magic, height_magic, channels_magic,
+        width_shift, height_shift, channels_shift,
     ]  # fmt: skip
+    x_words, y_words = values[:8], values[8:16]
+    specialization = {
+        "pixel_path": int(pixel_path),
+        "mode": MODE_CODES[op.mode],
+        "padding": PADDING_CODES[op.padding_mode],
+        "align_corners": int(op.align_corners),
+        "float_output": int(float_output),
+        "grid_is_int8": int(grid_bytes == 1),
+        "coord_shift": int(x_words[4]) if x_words[4] == y_words[4] else -1,
+        "requant_shift_high": requant_shift - 32,
+        "channel_quads": channels // 4 if pixel_path else -1,
+    }
     return KernelDispatch(
         bindings=(
             (0, 0, "image", "int8", batch * channels * height * width),
@@ -222,7 +319,11 @@ def dispatch(
         params=dict(zip(PARAMS_FIELDS, values, strict=True)),
         params_format=PARAMS_FORMAT,
         workgroup_size=(WORKGROUP_SIZE, 1, 1),
-        group_counts=(groups_x, groups_y, 1),
+        group_counts=(groups_x, groups_y, batch if pixel_path else 1),
+        specialization_constants=tuple(
+            (constant_id, name, specialization[name])
+            for constant_id, name in enumerate(SPECIALIZATION_CONSTANTS)
+        ),
     )  # fmt: skip
 
 
@@ -250,8 +351,6 @@ def grid_sample(image: torch.Tensor, grid: torch.Tensor, op: GridSampleOp) -> to
     channels_last = is_channels_last(image)
     description = dispatch(tuple(image.shape), tuple(grid.shape), op, channels_last=channels_last)
     device = default_device()
-    if not device.shader_int64:
-        raise VulkanUnavailableError("the Vulkan device lacks 64-bit shader integers (shaderInt64)")
     for _, _, name, _, size in description.bindings:
         if size > device.max_storage_buffer_bytes:
             raise ValueError(
@@ -276,6 +375,7 @@ def grid_sample(image: torch.Tensor, grid: torch.Tensor, op: GridSampleOp) -> to
         ],
         group_counts=description.group_counts,
         read_back=[2],
+        specialization=[(cid, value) for cid, _, value in description.specialization_constants],
     )
     flat = result.view(np.float32 if output_dtype == torch.float32 else np.int8)[:total]
     n, c, h, w = image.shape[0], image.shape[1], grid.shape[1], grid.shape[2]
