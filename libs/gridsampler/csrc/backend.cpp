@@ -1,9 +1,13 @@
 // The grid-sampler backend inside the ExecuTorch runtime: validates the delegate blob at init, and at
 // execute takes the image and the grid from the arguments the blob names, checks their dtypes and
 // shapes against it, and runs the CPU kernel, honouring each tensor's dim order through its strides.
+// With an event tracer (an ETDump), each call logs one delegate event named kDebugEventName, whose
+// debug-handle map (GridSamplerBackend.preprocess) points at the source grid_sample node: its time,
+// and its output tensor as that node's runtime intermediate output.
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/core/error.h>
 #include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/event_tracer.h>
 #include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
 #include <executorch/runtime/platform/log.h>
 
@@ -28,6 +32,8 @@ using executorch::runtime::CompileSpec;
 using executorch::runtime::DelegateHandle;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
+using executorch::runtime::EventTracer;
+using executorch::runtime::EventTracerEntry;
 using executorch::runtime::FreeableBuffer;
 using executorch::runtime::Result;
 using executorch::runtime::Span;
@@ -45,6 +51,40 @@ View4<T> view_of(const Tensor& tensor, T* data) {
 struct Handle {
   DelegateBlob blob;
   QuantizedPlan plan;
+};
+
+// The delegate debug identifier of the one operator each delegate runs: the key of the debug-handle
+// map that GridSamplerBackend.preprocess returns (etkit_gridsampler.backend.DEBUG_EVENT_NAME).
+constexpr const char* kDebugEventName = "grid_sampler_2d";
+
+// Times one grid-sampler call as a delegate event and logs its output, when the runtime was given an
+// event tracer; nothing otherwise.
+class DelegateEvent {
+ public:
+  explicit DelegateEvent(EventTracer* tracer) : tracer_(tracer) {
+#ifdef ET_EVENT_TRACER_ENABLED
+    if (tracer_ != nullptr) {
+      entry_ = tracer_->start_profiling_delegate(kDebugEventName,
+                                                 executorch::runtime::kUnsetDelegateDebugIntId);
+    }
+#endif
+  }
+
+  void finish(const Tensor& output) {
+#ifdef ET_EVENT_TRACER_ENABLED
+    if (tracer_ != nullptr) {
+      tracer_->end_profiling_delegate(entry_);
+      (void)tracer_->log_intermediate_output_delegate(
+          kDebugEventName, executorch::runtime::kUnsetDelegateDebugIntId, output);
+    }
+#else
+    (void)output;
+#endif
+  }
+
+ private:
+  EventTracer* tracer_;
+  EventTracerEntry entry_{};
 };
 
 QuantParams quant_params(const QParamsRecord& record) {
@@ -152,7 +192,7 @@ class GridSamplerBackend final : public BackendInterface {
     return handle;
   }
 
-  Error execute(BackendExecutionContext& /*context*/, DelegateHandle* raw_handle,
+  Error execute(BackendExecutionContext& context, DelegateHandle* raw_handle,
                 Span<EValue*> args) const override {
     const auto* handle = static_cast<const Handle*>(raw_handle);
     const DelegateBlob& blob = handle->blob;
@@ -191,18 +231,19 @@ class GridSamplerBackend final : public BackendInterface {
       log_role("output", inputs, output, output_type, output_shape);
       return Error::InvalidArgument;
     }
+    DelegateEvent event(context.event_tracer());
     if (!blob.image.present) {
       grid_sample_f32(view_of(image, image.const_data_ptr<float>()),
                       view_of(grid, grid.const_data_ptr<float>()),
                       view_of(output, output.mutable_data_ptr<float>()), blob.params);
-      return Error::Ok;
-    }
-    const auto image_view = view_of(image, image.const_data_ptr<int8_t>());
-    if (grid_type == ScalarType::Short) {
-      run(image_view, view_of(grid, grid.const_data_ptr<int16_t>()), output, handle->plan);
+    } else if (grid_type == ScalarType::Short) {
+      run(view_of(image, image.const_data_ptr<int8_t>()),
+          view_of(grid, grid.const_data_ptr<int16_t>()), output, handle->plan);
     } else {
-      run(image_view, view_of(grid, grid.const_data_ptr<int8_t>()), output, handle->plan);
+      run(view_of(image, image.const_data_ptr<int8_t>()),
+          view_of(grid, grid.const_data_ptr<int8_t>()), output, handle->plan);
     }
+    event.finish(output);
     return Error::Ok;
   }
 

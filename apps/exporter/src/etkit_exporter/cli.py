@@ -49,6 +49,27 @@ def _parser() -> argparse.ArgumentParser:
                      help="the grid sampler's implementation")  # fmt: skip
     run.add_argument("--image-range", default="-1,1", metavar="LOW,HIGH",
                      help="value range of images read and written (default -1,1)")  # fmt: skip
+    run.add_argument("--etdump", type=Path, metavar="PATH",
+                     help="profile the run: an ETDump at PATH (and PATH.debug) where "
+                     "executorch.runtime runs the program (XNNPACK exports), else a Chrome "
+                     "trace at PATH with suffix .json (VGF exports, run by etkit's "
+                     "runner)")  # fmt: skip
+    inspect = commands.add_parser(
+        "inspect",
+        help="per operator and delegate of an export: time, and error against the quantized "
+        "and the float model",
+        description="Runs ARTIFACTS/model.pte on the example inputs recorded in its "
+        "etrecord.bin (XNNPACK exports: in executorch.runtime with an ETDump read by "
+        "ExecuTorch's Inspector; VGF exports: in etkit's runner) and prints one row per "
+        "operator, delegate call and delegate event: time, and its output against the "
+        "quantized graph and the float model (docs/inspect.md). Writes the table into the "
+        "export's report.json and report.md. Exit status 0 done, 2 not an export.",
+    )
+    inspect.add_argument("artifacts", type=Path, metavar="ARTIFACTS")
+    inspect.add_argument("--no-report", action="store_true",
+                         help="print only; leave report.json and report.md as they "
+                         "are")  # fmt: skip
+    inspect.add_argument("--json", action="store_true", help="print the table as JSON")
     return parser
 
 
@@ -65,6 +86,7 @@ def _run(args: argparse.Namespace) -> int:
             args.out,
             backend_impl=args.backend_impl,
             image_range=parse_image_range(args.image_range),
+            etdump=args.etdump,
         )
     except (RunUsageError, CalibrationDataError) as error:
         print(f"etkit run: {error}", file=sys.stderr)
@@ -73,7 +95,52 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  {backend:<20} {implementation:<34} {1000 * seconds:9.2f} ms")
     for warning in summary["warnings"]:
         print(f"  warning: {warning}")
-    print(f"ran in {summary['seconds']:.2f} s; wrote {', '.join(summary['outputs'])} to {args.out}")
+    if "etdump" in summary:
+        print(
+            f"ETDump ({summary['etdump_events']} events): {summary['etdump']}, intermediate "
+            f"outputs: {summary['debug_buffer']} (open with executorch.devtools.Inspector and "
+            "the export's etrecord.bin, or: etkit inspect)"
+        )
+    if "trace" in summary:
+        print(
+            f"executorch.runtime cannot run this program: trace of etkit's runner "
+            f"({summary['trace_events']} events): {summary['trace']} (open in "
+            "https://ui.perfetto.dev or chrome://tracing)"
+        )
+    print(
+        f"ran in {summary['runner']} in {summary['seconds']:.3f} s; wrote "
+        f"{', '.join(summary['outputs'])} to {args.out}"
+    )
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    """``etkit inspect ARTIFACTS``."""
+    import json
+
+    from etkit_exporter.inspection import (
+        InspectError,
+        inspect_export,
+        print_inspection,
+        write_into_report,
+    )
+    from etkit_exporter.runner import PteError
+
+    try:
+        inspection = inspect_export(args.artifacts)
+        if not args.no_report:
+            write_into_report(args.artifacts, inspection)
+    except (InspectError, PteError) as error:
+        print(f"etkit inspect: {error}".splitlines()[0], file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(inspection.as_dict(), indent=2, default=str))
+        return 0
+    print_inspection(inspection)
+    print(
+        f"inspected in {inspection.seconds:.1f} s"
+        + ("" if args.no_report else f"; added to {args.artifacts / 'report.md'} and report.json")
+    )
     return 0
 
 
@@ -126,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if all(r.ok for r in results) else 1
     if args.command == "run":
         return _run(args)
+    if args.command == "inspect":
+        return _inspect(args)
     return 2  # unreachable: argparse requires a command
 
 

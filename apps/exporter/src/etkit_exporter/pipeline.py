@@ -140,7 +140,7 @@ def _check_extra_artifacts(extra: object) -> dict[str, bytes]:
         raise TypeError(f"extra_artifacts must map file names to bytes, got {type(extra).__name__}")
     reserved = {
         "model.pte", "model.bpte", "model.bpte.json", "io_quant_params.json", "report.json",
-        "report.md", "intermediates", "etrecord.bin",
+        "report.md", "intermediates", "etrecord.bin", "etrecord.json", "scenario",
     }  # fmt: skip
     checked = {}
     for name, data in extra.items():
@@ -492,11 +492,15 @@ def _run(
         io_params = with_pte_layouts(io_params, pte)  # the dim orders the .pte really has
         (work / "model.pte").write_bytes(pte)
         (work / "io_quant_params.json").write_text(json.dumps(io_params, indent=2) + "\n")
-    with stages.stage("etrecord"):
-        from etkit_exporter.etrecord import ETRECORD_NAME, etrecord_bytes
+    with stages.stage("etrecord"):  # for ExecuTorch's Inspector and etkit inspect
+        from etkit_exporter.etrecord import write_etrecord
 
-        (work / ETRECORD_NAME).write_bytes(
-            etrecord_bytes(executorch_manager, inputs, forbidden_paths=[work, intermediates])
+        write_etrecord(
+            work,
+            executorch_manager,
+            inputs,
+            float_program=exported,
+            forbidden_paths=[work, intermediates],
         )
     verification = None
     if verify:

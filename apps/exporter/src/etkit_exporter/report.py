@@ -266,6 +266,11 @@ def render_markdown(report: dict[str, Any]) -> str:
             if v.get("picture"):
                 alt = f"output {v['output']}: float model, program, error"
                 lines += ["", f"![{alt}]({v['picture']})"]
+    lines += inspection_markdown(report.get("inspect"))
+    if report.get("scenario"):
+        from etkit_exporter.scenario_export import scenario_markdown
+
+        lines += ["", *scenario_markdown(report["scenario"])]
     lines += ["", "## Stage timings", ""]
     lines += _table(["stage", "seconds"], [[k, v] for k, v in report["timings_s"].items()])
     lines += ["", "## Toolchain", ""]
@@ -275,6 +280,60 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 def _db(value: float | None) -> str:
     return "inf (identical)" if value is None else f"{value:.2f}"
+
+
+def inspection_markdown(inspection: dict[str, Any] | None) -> list[str]:
+    """report.md's "Inspection" section, from report.json's ``inspect`` (``etkit inspect``
+    writes it; none before)."""
+    if not inspection:
+        return []
+
+    def figure(result: dict[str, Any] | None, steps: bool) -> str:
+        if not result or "skipped" in result:
+            return ""
+        text = _db(result.get("psnr_db"))
+        if steps and "max_steps" in result:
+            text = f"{result['max_steps']} steps, {text}"
+        return text + (f" ({result['note']})" if result.get("note") else "")
+
+    lines = ["", f"## Inspection ({inspection['runner']})", ""]
+    lines += [f"{note}." for note in inspection.get("notes", [])]
+    lines += [
+        "",
+        "Each instruction's output against the same node in the quantized graph and in the "
+        "float model (PSNR dB; quantization steps for integer tensors); see "
+        "apps/exporter/docs/inspect.md.",
+        "",
+    ]
+    lines += _table(
+        ["instr", "event", "backend", "ms", "vs quantized", "vs float", "vs ideal", "source"],
+        [
+            [
+                "" if r["instruction"] is None else r["instruction"],
+                ("&nbsp;&nbsp;" * r["depth"]) + r["event"],
+                r["backend"],
+                "" if r["ms"] is None else f"{r['ms']:.3f}",
+                figure(r["vs_quantized"], True),
+                figure(r["vs_float"], False),
+                f"{r['vs_ideal']['max_steps_vs_ideal']} steps" if r.get("vs_ideal") else "",
+                r["node"] or r["ops"],
+            ]
+            for r in inspection["rows"]
+        ],
+    )
+    lines.append("")
+    for o in inspection.get("outputs", []):
+        line = (
+            f"Output {o['output']}: {_db(o.get('vs_quantized_psnr_db'))} dB against the quantized "
+            f"model, {_db(o.get('vs_float_psnr_db'))} dB against the float model"
+        )
+        if "verification_vs_quantized_psnr_db" in o:
+            line += (
+                f" (the verification: {_db(o.get('verification_vs_quantized_psnr_db'))} and "
+                f"{_db(o.get('verification_vs_float_psnr_db'))} dB)"
+            )
+        lines += [line + ".", ""]
+    return lines[:-1] if lines[-1] == "" else lines
 
 
 def write_report(report: dict[str, Any], folder: Path) -> None:

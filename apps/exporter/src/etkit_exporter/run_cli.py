@@ -8,6 +8,13 @@ a float input of a quantized program input is quantized with that input's parame
 1, 3 or 4 channels), ``output_K.png`` (dequantized, mapped from ``--image-range`` to 8 bits for
 viewing). Everything is read and checked before the program runs; nothing is written unless the
 run succeeds.
+
+``--etdump PATH`` profiles the run. A program ``executorch.runtime`` can run (an XNNPACK
+export: every delegate's backend registered there) runs there with an ETDump written to
+``PATH`` and its intermediate outputs to ``PATH.debug``, for ExecuTorch's ``Inspector`` (with
+the export's ``etrecord.bin``). A program only etkit's runner runs (a VGF export) gets a Chrome
+trace instead, ``PATH`` with the suffix ``.json`` (Perfetto and ``chrome://tracing`` open it):
+each kernel and delegate call at the time it ran.
 """
 
 from __future__ import annotations
@@ -75,6 +82,16 @@ def _write_png(path: Path, value: torch.Tensor, image_range: tuple[float, float]
     Image.fromarray(array[:, :, 0] if mode == "L" else array, mode=mode).save(path)
 
 
+def trace_path(etdump: Path) -> Path:
+    """Where ``--etdump PATH`` puts the Chrome trace of a run in etkit's runner."""
+    return etdump if etdump.suffix == ".json" else etdump.with_suffix(".json")
+
+
+def debug_buffer_path(etdump: Path) -> Path:
+    """Where ``--etdump PATH`` puts the ETDump's intermediate outputs (the debug buffer)."""
+    return etdump.with_name(etdump.name + ".debug")
+
+
 def run_export(
     pte: Path,
     inputs: list[Path],
@@ -82,9 +99,11 @@ def run_export(
     *,
     backend_impl: str = "cpu",
     image_range: tuple[float, float] = (-1.0, 1.0),
+    etdump: Path | None = None,
 ) -> dict[str, Any]:
     """Runs ``pte`` on the files ``inputs`` and writes its outputs into ``out`` (a new or empty
-    folder). Returns a summary: outputs written, seconds per delegate call, total seconds."""
+    folder). Returns a summary: outputs written, seconds per delegate call, total seconds, what
+    ran it, and with ``etdump`` the profile written (module docstring)."""
     from etkit_exporter.runner import PteError, PteProgram
 
     if not pte.is_file():
@@ -93,9 +112,13 @@ def run_export(
     params = json.loads(params_path.read_text()) if params_path.is_file() else None
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RunUsageError(f"--out {out} exists and is not an empty folder; choose another")
+    if etdump is not None and etdump.is_dir():
+        raise RunUsageError(f"--etdump {etdump} is a folder; give a file name")
     try:
         program = PteProgram.load(pte, grid_sampler_impl=backend_impl)  # type: ignore[arg-type]
-        program.check()
+        in_runtime = _runs_in_executorch_runtime(program, profile=etdump is not None)
+        if not in_runtime:
+            program.check()
     except PteError as error:
         raise RunUsageError(f"{pte}: {error}") from error
     entries = (
@@ -109,13 +132,32 @@ def run_export(
         _checked_input(_read_input(path, image_range), entry, str(path))
         for path, entry in zip(inputs, entries, strict=True)
     ]
-    try:
-        result = program.run(values)
-    except PteError as error:
-        raise RunUsageError(f"{pte}: {error}") from error
+    if in_runtime:
+        outputs, summary = _run_in_executorch_runtime(pte, values, etdump)
+    else:
+        try:
+            result = program.run(values)
+        except PteError as error:
+            raise RunUsageError(f"{pte}: {error}") from error
+        outputs = list(result.outputs)
+        summary = {
+            "runner": "etkit runner",
+            "seconds": result.seconds,
+            "delegate_calls": [
+                (call.backend_id, call.implementation, call.seconds)
+                for call in result.delegate_calls
+            ],
+            "warnings": list(result.warnings),
+        }
+        if etdump is not None:
+            from etkit_exporter.trace import write_chrome_trace
+
+            trace = write_chrome_trace(result, trace_path(etdump), program=pte.name)
+            summary["trace"] = str(trace)
+            summary["trace_events"] = len(result.kernel_calls) + len(result.delegate_calls)
     out.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
-    for k, value in enumerate(result.outputs):
+    for k, value in enumerate(outputs):
         if not isinstance(value, torch.Tensor):
             continue
         np.save(out / f"output_{k}.npy", value.contiguous().numpy())
@@ -124,11 +166,65 @@ def run_export(
         if value.dim() == 4 and value.shape[1] in (1, 3, 4):
             _write_png(out / f"output_{k}.png", float_output(value, entry), image_range)
             written.append(f"output_{k}.png")
-    return {
-        "outputs": written,
-        "seconds": result.seconds,
-        "delegate_calls": [
-            (call.backend_id, call.implementation, call.seconds) for call in result.delegate_calls
-        ],
-        "warnings": list(result.warnings),
-    }
+    return {"outputs": written, **summary}
+
+
+def _runs_in_executorch_runtime(program: Any, *, profile: bool) -> bool:
+    """Whether to run in ``executorch.runtime``: when it has every backend the program's
+    delegates name, and either an ETDump is asked for or etkit's runner cannot run it."""
+    from etkit_exporter.inspection import runtime_can_run
+
+    return runtime_can_run(program) and (profile or bool(program.unsupported()))
+
+
+def _run_in_executorch_runtime(
+    pte: Path, values: list[torch.Tensor], etdump: Path | None
+) -> tuple[list[Any], dict[str, Any]]:
+    """Runs ``pte`` in ``executorch.runtime``; with ``etdump``, profiled (ETDump and its debug
+    buffer written, its delegate calls read back through the Inspector, with the export's
+    ETRecord beside the program when there is one)."""
+    import time
+
+    from executorch.runtime import Runtime
+
+    from etkit_exporter.inspection import run_with_etdump
+
+    summary: dict[str, Any] = {"runner": "executorch.runtime", "warnings": []}
+    try:
+        if etdump is None:
+            method = Runtime.get().load_program(pte).load_method("forward")
+            began = time.perf_counter()
+            outputs = list(method.execute(values)) if method is not None else []
+            summary.update(seconds=time.perf_counter() - began, delegate_calls=[])
+            return outputs, summary
+        debug = debug_buffer_path(etdump)
+        outputs, seconds = run_with_etdump(pte, values, etdump, debug)
+    except RuntimeError as error:
+        raise RunUsageError(f"{pte}: executorch.runtime failed: {error}") from error
+    summary.update(seconds=seconds, etdump=str(etdump), debug_buffer=str(debug))
+    summary.update(_etdump_calls(etdump, debug, pte.with_name("etrecord.bin")))
+    return outputs, summary
+
+
+def _etdump_calls(etdump: Path, debug: Path, etrecord: Path) -> dict[str, Any]:
+    """The delegate calls an ETDump holds (backend names from the ETRecord, if there is one),
+    and how many events it holds."""
+    import warnings
+
+    from executorch.devtools import Inspector
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inspector = Inspector(
+            etdump_path=str(etdump),
+            etrecord=str(etrecord) if etrecord.is_file() else None,
+            debug_buffer_path=str(debug),
+        )
+    events = [event for block in inspector.event_blocks for event in block.events]
+    calls = [
+        (event.delegate_backend_name or "delegate", "executorch.runtime",
+         (event.perf_data.avg if event.perf_data else 0.0) / 1000)
+        for event in events
+        if event.name == "DELEGATE_CALL"
+    ]  # fmt: skip
+    return {"delegate_calls": calls, "etdump_events": len(events)}

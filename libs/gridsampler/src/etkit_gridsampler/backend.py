@@ -3,7 +3,7 @@ a delegate blob. Its class name is the backend id the runtime registers."""
 
 from __future__ import annotations
 
-from typing import final
+from typing import Final, final
 
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from executorch.exir.backend.compile_spec_schema import CompileSpec
@@ -14,6 +14,10 @@ from etkit_gridsampler import delegate_format
 from etkit_gridsampler.delegate_format import ArgumentRoles
 from etkit_gridsampler.partitioner import unit_of
 from etkit_quant.graph import is_dequantize, is_grid_sampler
+
+# The delegate debug identifier of the event the C++ backend logs for each call (csrc/backend.cpp's
+# kDebugEventName): the key of the debug-handle map ``preprocess`` returns.
+DEBUG_EVENT_NAME: Final = "grid_sampler_2d"
 
 
 class PartitionSignatureError(ValueError):
@@ -81,4 +85,19 @@ class GridSamplerBackend(BackendDetails):  # type: ignore[misc]  # executorch is
         unit = unit_of(samplers[0])
         roles = argument_roles(edge_program, samplers[0])
         blob = delegate_format.encode(unit.op, unit.image_shape, unit.grid_shape, roles=roles)
-        return PreprocessResult(processed_bytes=blob)
+        return PreprocessResult(
+            processed_bytes=blob, debug_handle_map=debug_handle_map(samplers[0])
+        )
+
+
+def debug_handle_map(sampler: Node) -> dict[str, tuple[int, ...]]:
+    """The delegate's debug-handle map: the event the runtime backend logs for each call
+    (``DEBUG_EVENT_NAME``: its time and output) stands for ``sampler``, the source grid_sample
+    node, through that node's debug handle. Empty when the node has none (a program lowered
+    outside ``to_edge``)."""
+    handle = sampler.meta.get("debug_handle")
+    if isinstance(handle, int):
+        return {DEBUG_EVENT_NAME: (handle,)}
+    if isinstance(handle, (tuple, list)) and handle:
+        return {DEBUG_EVENT_NAME: tuple(int(h) for h in handle)}
+    return {}

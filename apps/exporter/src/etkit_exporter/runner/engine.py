@@ -56,9 +56,10 @@ class ValueRecord:
 
 @dataclass(frozen=True)
 class DelegateCallRecord:
-    """One delegate call of a run: where, which delegate, what ran it and how long it took, the
-    value indices of its inputs and outputs, and with ``keep_delegate_io`` copies of the tensors
-    it read and wrote (in the program's layout)."""
+    """One delegate call of a run: where, which delegate, what ran it and how long it took
+    (``started``: seconds from the start of the run), the value indices of its inputs and
+    outputs, and with ``keep_delegate_io`` copies of the tensors it read and wrote (in the
+    program's layout)."""
 
     instruction: int
     delegate: int
@@ -70,16 +71,18 @@ class DelegateCallRecord:
     output_indices: tuple[int, ...] = ()
     inputs: tuple[torch.Tensor, ...] | None = None
     outputs: tuple[torch.Tensor, ...] | None = None
+    started: float = 0.0
 
 
 @dataclass(frozen=True)
 class KernelCallRecord:
-    """One kernel call of a run."""
+    """One kernel call of a run (``started``: seconds from the start of the run)."""
 
     instruction: int
     operator: str
     seconds: float
     chain: int = 0
+    started: float = 0.0
 
 
 @dataclass
@@ -602,7 +605,7 @@ def _execute(
             recorder.record(index, "input")
     result = RunResult(method.name, [], 0.0, warnings=warnings)
     for chain_index, steps in enumerate(plan.chains):
-        _run_chain(frame, chain_index, steps, result, recorder, keep_delegate_io)
+        _run_chain(frame, chain_index, steps, result, recorder, keep_delegate_io, start)
     outputs = []
     for index in method.outputs:
         if recorder is not None:
@@ -623,6 +626,7 @@ def _run_chain(
     result: RunResult,
     recorder: _Recorder | None,
     keep_delegate_io: bool,
+    run_start: float,
 ) -> None:
     method = frame.method
     budget = MAX_STEPS_PER_INSTRUCTION * max(len(steps), 1)
@@ -652,12 +656,18 @@ def _run_chain(
                     f"{where}: operator {kernel.name} failed: {type(error).__name__}: {error}"
                 ) from error
             result.kernel_calls.append(
-                KernelCallRecord(item.position, kernel.name, time.perf_counter() - began, chain)
+                KernelCallRecord(
+                    item.position,
+                    kernel.name,
+                    time.perf_counter() - began,
+                    chain,
+                    started=began - run_start,
+                )
             )
             if recorder is not None:
                 recorder.wrote(chain, item.position, kernel.written(frame, item.args))
         elif item.kind == "delegate":
-            _call_delegate(frame, chain, step, where, result, recorder, keep_delegate_io)
+            _call_delegate(frame, chain, step, where, result, recorder, keep_delegate_io, run_start)
         elif item.kind == "move":
             frame.set(item.move_to, frame.values[item.move_from])
             if recorder is not None:
@@ -679,6 +689,7 @@ def _call_delegate(
     result: RunResult,
     recorder: _Recorder | None,
     keep_delegate_io: bool,
+    run_start: float,
 ) -> None:
     delegate, entry = step.delegate, step.backend
     assert delegate is not None and entry is not None
@@ -718,6 +729,7 @@ def _call_delegate(
             output_indices=tuple(args[split:]),
             inputs=kept_inputs,
             outputs=tuple(t.clone() for t in call.outputs) if keep_delegate_io else None,
+            started=began - run_start,
         )
     )
     if recorder is not None:

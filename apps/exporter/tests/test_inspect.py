@@ -1,0 +1,259 @@
+"""Inspect and profile (issue 17 item 1): every export's ETRecord, the grid-sampler delegate's
+debug-handle map, ``etkit run --etdump`` (an ETDump for ExecuTorch's Inspector, or a Chrome
+trace of etkit's runner) and ``etkit inspect``, on real exports of the demos (one XNNPACK, one
+VGF, shared by every test of this module)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from etkit_exporter import export_model
+from etkit_exporter.artifacts import foreign_content
+from etkit_exporter.cli import main
+from etkit_exporter.demos import DEMOS
+from etkit_exporter.etrecord import build_paths_in, portable_stack_trace
+from etkit_gridsampler.backend import DEBUG_EVENT_NAME
+
+BUILD_ROOTS = (b"/work/", b"/tmp/", b"/home/", b"/root/")
+
+
+def _export(root: Path, demo: str, target: str) -> Any:
+    model, inputs = DEMOS[demo]()
+    return export_model(model, inputs, artifacts_root=root / demo, target=target, verify=True)
+
+
+@pytest.fixture(scope="module")
+def flow_xnnpack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return _export(tmp_path_factory.mktemp("inspect-xnnpack"), "flow-warp", "xnnpack")
+
+
+@pytest.fixture(scope="module")
+def resample_vgf(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return _export(tmp_path_factory.mktemp("inspect-vgf"), "resample", "vgf")
+
+
+def _record(result: Any) -> Any:
+    from executorch.devtools.etrecord import parse_etrecord
+
+    return parse_etrecord(str(result.artifacts_root / "etrecord.bin"))
+
+
+def _save_inputs(result: Any, folder: Path) -> list[str]:
+    args = []
+    for k, value in enumerate(result.example_inputs):
+        np.save(folder / f"in{k}.npy", value.numpy())
+        args += ["--input", str(folder / f"in{k}.npy")]
+    return args
+
+
+@pytest.mark.parametrize("which", ["flow_xnnpack", "resample_vgf"])
+def test_every_export_writes_an_etrecord_the_inspector_reads(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    result = request.getfixturevalue(which)
+    folder = result.artifacts_root
+    manifest = json.loads((folder / "etkit-manifest.json").read_text())
+    assert {"etrecord.bin", "etrecord.json"} <= set(manifest["files"])
+    data = (folder / "etrecord.bin").read_bytes()
+    assert len(data) > 100_000
+    assert [root for root in BUILD_ROOTS if root in data] == []
+    assert str(folder).encode() not in data and build_paths_in(data) == []
+
+    record = _record(result)
+    inputs = record._representative_inputs
+    assert len(inputs) == len(result.example_inputs)
+    assert all(torch.equal(a, b) for a, b in zip(inputs, result.example_inputs, strict=True))
+    assert record.edge_dialect_program is not None and record.exported_program is not None
+    assert {"edge_after_transform/forward", "float_model/forward"} <= set(record.graph_map)
+    assert record._debug_handle_map["forward"] and record._delegate_map["forward"]
+    # stack traces kept, their files named below the import root
+    traces = [
+        n.meta["stack_trace"]
+        for n in record.edge_dialect_program.graph.nodes
+        if n.meta.get("stack_trace")
+    ]
+    assert any('File "etkit_exporter/demos.py"' in t for t in traces)
+
+    mapping = json.loads((folder / "etrecord.json").read_text())["instructions"]
+    delegates = [v for v in mapping.values() if v["kind"] == "delegate"]
+    assert {d["backend"] for d in delegates} >= {"GridSamplerBackend"}
+    assert all(None not in d["outputs"] for d in delegates)
+
+
+def test_the_grid_sampler_delegate_maps_its_event_to_the_grid_sample_node(
+    flow_xnnpack: Any,
+) -> None:
+    record = _record(flow_xnnpack)
+    sampler_entries = [
+        entry
+        for entry in record._delegate_map["forward"].values()
+        if entry["name"] == "GridSamplerBackend"
+    ]
+    assert len(sampler_entries) == 1
+    (entry,) = sampler_entries
+    assert list(entry["delegate_map"]) == [DEBUG_EVENT_NAME]
+    (handle,) = entry["delegate_map"][DEBUG_EVENT_NAME]
+    # the handle is the grid_sample node's (its quantize and dequantize share it: one origin)
+    named = [
+        n for n in record.edge_dialect_program.graph.nodes if n.meta.get("debug_handle") == handle
+    ]
+    samplers = [n.name for n in named if "grid_sampler_2d" in str(n.target)]
+    assert samplers == ["aten_grid_sampler_2d_default"]
+    assert all(n.name in samplers or "quantize_per_tensor" in str(n.target) for n in named)
+
+
+def test_run_etdump_writes_an_etdump_the_inspector_reads(
+    flow_xnnpack: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from executorch.devtools import Inspector
+
+    etdump = tmp_path / "run.etdp"
+    args = _save_inputs(flow_xnnpack, tmp_path)
+    status = main(["run", str(flow_xnnpack.pte_path), *args, "--out", str(tmp_path / "out"),
+                   "--etdump", str(etdump)])  # fmt: skip
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "ran in executorch.runtime" in printed and "ETDump (" in printed
+    assert etdump.stat().st_size > 1000
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inspector = Inspector(
+            etdump_path=str(etdump),
+            etrecord=str(flow_xnnpack.artifacts_root / "etrecord.bin"),
+            debug_buffer_path=str(tmp_path / "run.etdp.debug"),
+        )
+    events = [e for block in inspector.event_blocks for e in block.events]
+    assert len(events) > 50
+    sampler = [e for e in events if e.name == DEBUG_EVENT_NAME]
+    assert len(sampler) == 1
+    (event,) = sampler
+    assert event.is_delegated_op and event.delegate_backend_name == "GridSamplerBackend"
+    assert "aten.grid_sampler_2d.default" in event.op_types
+    # its stack trace is the model's grid_sample line (the file named below the import root)
+    traces = "".join(t or "" for t in event.stack_traces.values())
+    assert 'File "etkit_exporter/demos.py"' in traces and "F.grid_sample(" in traces
+    assert event.perf_data is not None and event.perf_data.avg > 0
+    # the event logs the delegate's int8 output, the program's own (identical to the call's)
+    (logged,) = event.debug_data
+    assert logged.dtype == torch.int8 and list(logged.shape) == [1, 4, 32, 48]
+    mapping = json.loads((flow_xnnpack.artifacts_root / "etrecord.json").read_text())
+    delegates = [v for v in mapping["instructions"].values() if v["kind"] == "delegate"]
+    assert sum(e.name == "DELEGATE_CALL" for e in events) == len(delegates)
+    output = np.load(tmp_path / "out" / "output_0.npy")
+    assert output.dtype == np.int8 and output.shape == (1, 3, 32, 48)
+
+
+def test_run_etdump_of_a_vgf_export_writes_a_chrome_trace(
+    resample_vgf: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _save_inputs(resample_vgf, tmp_path)
+    status = main(["run", str(resample_vgf.pte_path), *args, "--out", str(tmp_path / "out"),
+                   "--etdump", str(tmp_path / "profile.etdp")])  # fmt: skip
+    assert status == 0
+    assert "ui.perfetto.dev" in capsys.readouterr().out
+    assert not (tmp_path / "profile.etdp").exists()
+    trace = json.loads((tmp_path / "profile.json").read_text())
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    (method,) = [e for e in slices if e["cat"] == "method"]
+    calls = [e for e in slices if e["cat"] == "delegate"]
+    assert [e["args"]["backend"] for e in calls] == [
+        "GridSamplerBackend", "GridSamplerBackend", "VgfBackend",
+    ]  # fmt: skip
+    assert [e["name"] for e in calls][-1] == "VgfBackend (delegate 2)"
+    assert [e["args"]["instruction"] for e in calls] == [0, 1, 2]
+    for before, after in itertools.pairwise(calls):
+        assert before["ts"] + before["dur"] <= after["ts"]
+    assert all(e["dur"] > 0 for e in calls)
+    assert calls[-1]["ts"] + calls[-1]["dur"] <= method["ts"] + method["dur"]
+    assert {"pid", "tid", "name", "ts", "dur", "args"} <= set(calls[0])
+
+
+def test_inspect_prints_the_table_and_writes_it_into_the_report(
+    flow_xnnpack: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = flow_xnnpack.artifacts_root
+    assert main(["inspect", str(folder)]) == 0
+    printed = capsys.readouterr().out
+    sampler_lines = [line for line in printed.splitlines() if DEBUG_EVENT_NAME in line]
+    assert any(
+        "GridSamplerBackend" in line and "aten_grid_sampler_2d_default" in line and " dB" in line
+        for line in sampler_lines
+    ), printed
+    report = json.loads((folder / "report.json").read_text())
+    inspection = report["inspect"]
+    (row,) = [r for r in inspection["rows"] if r["event"] == DEBUG_EVENT_NAME]
+    assert row["backend"] == "GridSamplerBackend" and row["ms"] > 0
+    assert row["node"] == "aten_grid_sampler_2d_default"
+    assert row["vs_quantized"]["max_steps"] <= 1 and row["vs_quantized"]["psnr_db"] > 60
+    assert 40 < row["vs_float"]["psnr_db"] < 80
+    # the program's output: the same figures as the end-to-end verification
+    comparisons = {c["reference"]: c for c in report["verification"]["comparisons"]}
+    (output,) = inspection["outputs"]
+    assert output["vs_quantized_psnr_db"] == pytest.approx(
+        comparisons["quantized PT2E model"]["psnr_db"], abs=0.01
+    )
+    assert output["vs_float_psnr_db"] == pytest.approx(
+        comparisons["float model"]["psnr_db"], abs=0.01
+    )
+    # so is the last delegate's row, whose output is the program's
+    last = [r for r in inspection["rows"] if r["event"] == "DELEGATE_CALL"][-1]
+    assert last["vs_quantized"]["psnr_db"] == pytest.approx(
+        output["vs_quantized_psnr_db"], abs=0.01
+    )
+    # upstream's numeric gap compares the program's int8 with float: etkit's rows do not
+    assert any(
+        g.get("runtime_dtype") == "int8" and g.get("aot_dtype") == "float32"
+        for g in inspection["upstream_numeric_gap"]
+    )
+    assert "## Inspection" in (folder / "report.md").read_text()
+    assert foreign_content(folder) == []  # the manifest lists the rewritten report
+
+
+def test_inspect_of_a_vgf_export_uses_the_runner_and_the_verification(
+    resample_vgf: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = resample_vgf.artifacts_root
+    assert main(["inspect", str(folder), "--no-report"]) == 0
+    printed = capsys.readouterr().out
+    assert "executorch.runtime cannot run" in printed and "etkit's Python runner" in printed
+    assert "inspect" not in json.loads((folder / "report.json").read_text())
+    assert main(["inspect", str(folder), "--no-report", "--json"]) == 0
+    inspection = json.loads(capsys.readouterr().out)
+    samplers = [r for r in inspection["rows"] if r["backend"] == "GridSamplerBackend"]
+    assert len(samplers) == 2
+    assert sorted(r["vs_ideal"]["mode"] for r in samplers) == ["bilinear", "nearest"]
+    for row in samplers:
+        assert row["vs_ideal"]["max_steps_vs_ideal"] <= 1 and row["ms"] > 0
+        assert row["vs_quantized"]["max_steps"] <= 1
+    assert [r["backend"] for r in inspection["rows"]][-1] == "VgfBackend"
+    assert len(inspection["outputs"]) == 2
+
+
+def test_inspect_refuses_a_folder_that_is_not_an_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no model.pte" in err and len(err.strip().splitlines()) == 1
+
+
+def test_stack_trace_paths_are_cut_below_the_import_root() -> None:
+    trace = (
+        'File "/work/x/src/pkg/model.py", line 3, in forward\n'
+        'File "/opt/elsewhere/thing.py", line 9, in f\n'
+        'File "<string>", line 1'
+    )
+    portable = portable_stack_trace(trace, roots=["/work/x/src"])
+    assert portable == (
+        'File "pkg/model.py", line 3, in forward\nFile "thing.py", line 9, in f\n'
+        'File "<string>", line 1'
+    )
+    assert build_paths_in(b"... /work/x ...") and not build_paths_in(portable.encode())
