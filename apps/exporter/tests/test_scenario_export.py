@@ -369,3 +369,33 @@ def test_copy_that_moves_bytes_is_refused() -> None:
     method = _method("aten::add.out", (1, 2, 8, 6), (0, 1, 2, 3))
     with pytest.raises(ScenarioUnsupportedError, match=r"instruction 1: kernel operator aten::add"):
         plan_scenario(method)
+
+
+def test_etkit_run_scenario_writes_what_run_scenario_returns(exported: Any, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    result = exported("resample")
+    folder = result.artifacts_root / SCENARIO_DIR
+    etkit = str(Path(sys.executable).parent / "etkit")
+    done = subprocess.run(
+        [etkit, "run", "--scenario", str(folder), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "scenario_runner" in done.stdout
+    expected = run_scenario(folder)
+    for k, array in enumerate(expected):
+        np.testing.assert_array_equal(np.load(tmp_path / "out" / f"output_{k}.npy"), array)
+        assert (tmp_path / "out" / f"output_{k}.png").is_file()
+    for args, message in (
+        (["--scenario", str(tmp_path)], "no scenario.json there"),
+        (["--scenario", str(folder), str(result.pte_path)], "one of them"),
+        ([], "one of them"),
+    ):
+        done = subprocess.run(
+            [etkit, "run", *args, "--out", str(tmp_path / "x")],
+            capture_output=True, text=True, check=False, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert not (tmp_path / "x").exists()

@@ -40,8 +40,11 @@ def _parser() -> argparse.ArgumentParser:
         "io_quant_params.json beside the program) and writes output_K.npy and, for image-like "
         "outputs, output_K.png into --out. Exit status 0 run, 2 bad input.",
     )
-    run.add_argument("pte", type=Path, metavar="MODEL.pte",
+    run.add_argument("pte", type=Path, metavar="MODEL.pte", nargs="?",
                      help="an etkit export, or a model.bpte to check its test cases")  # fmt: skip
+    run.add_argument("--scenario", type=Path, metavar="DIR",
+                     help="run an export's scenario/ folder with scenario_runner instead "
+                     "(its own inputs unless --input is given)")  # fmt: skip
     run.add_argument("--input", action="append", type=Path, default=[], metavar="FILE",
                      help="one per program input, in order")  # fmt: skip
     run.add_argument("--out", type=Path, default=Path("run-outputs"), metavar="DIR")
@@ -77,6 +80,12 @@ def _run(args: argparse.Namespace) -> int:
     from etkit_exporter.calibration_data import CalibrationDataError, parse_image_range
     from etkit_exporter.run_cli import RunUsageError, run_export
 
+    if (args.pte is None) == (args.scenario is None):
+        print("etkit run: give MODEL.pte (or model.bpte) or --scenario DIR, one of them",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.scenario is not None:
+        return _run_scenario(args)
     if args.pte.suffix == ".bpte":
         return _run_bundle(args)
     try:
@@ -140,6 +149,25 @@ def _inspect(args: argparse.Namespace) -> int:
     print(
         f"inspected in {inspection.seconds:.1f} s"
         + ("" if args.no_report else f"; added to {args.artifacts / 'report.md'} and report.json")
+    )
+    return 0
+
+
+def _run_scenario(args: argparse.Namespace) -> int:
+    """``etkit run --scenario DIR``: the export's Vulkan scenario, whole, in scenario_runner."""
+    from etkit_exporter.calibration_data import CalibrationDataError, parse_image_range
+    from etkit_exporter.run_cli import RunUsageError, run_scenario_folder
+
+    try:
+        summary = run_scenario_folder(
+            args.scenario, args.input, args.out, parse_image_range(args.image_range)
+        )
+    except (RunUsageError, CalibrationDataError) as error:
+        print(f"etkit run: {error}".splitlines()[0], file=sys.stderr)
+        return 2
+    print(
+        f"ran in {summary['seconds']:.2f} s ({summary['runner']}); wrote "
+        f"{', '.join(summary['outputs'])} to {args.out}"
     )
     return 0
 

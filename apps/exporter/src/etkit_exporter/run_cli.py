@@ -92,6 +92,59 @@ def debug_buffer_path(etdump: Path) -> Path:
     return etdump.with_name(etdump.name + ".debug")
 
 
+def run_scenario_folder(
+    folder: Path,
+    inputs: list[Path],
+    out: Path,
+    image_range: tuple[float, float] = (-1.0, 1.0),
+) -> dict[str, Any]:
+    """Runs an export's ``scenario/`` folder with ``scenario_runner`` (its own example inputs,
+    or ``inputs``: files read as ``run_export`` reads them, quantized with the export's
+    ``io_quant_params.json``) and writes the outputs into ``out`` as ``run_export`` does."""
+    import time
+
+    from etkit_exporter.scenario import ScenarioError, run_scenario
+
+    if not (folder / "scenario.json").is_file():
+        raise RunUsageError(f"--scenario {folder}: no scenario.json there (export with --scenario)")
+    params_path = folder.parent / "io_quant_params.json"
+    params = json.loads(params_path.read_text()) if params_path.is_file() else None
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RunUsageError(f"--out {out} exists and is not an empty folder; choose another")
+    values = None
+    if inputs:
+        entries = params["inputs"] if params else [{"index": k} for k in range(len(inputs))]
+        if len(inputs) != len(entries):
+            raise RunUsageError(
+                f"{folder} takes {len(entries)} inputs; {len(inputs)} --input given"
+            )
+        values = [
+            _checked_input(_read_input(p, image_range), e, str(p))
+            for p, e in zip(inputs, entries, strict=True)
+        ]
+    start = time.perf_counter()
+    try:
+        outputs = run_scenario(folder, values)
+    except (ScenarioError, ValueError) as error:
+        raise RunUsageError(str(error)) from error
+    seconds = time.perf_counter() - start
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for k, array in enumerate(outputs):
+        value = torch.from_numpy(np.ascontiguousarray(array))
+        np.save(out / f"output_{k}.npy", value.numpy())
+        written.append(f"output_{k}.npy")
+        entry = params["outputs"][k] if params else {"scale": None}
+        if value.dim() == 4 and value.shape[1] in (1, 3, 4):
+            _write_png(out / f"output_{k}.png", float_output(value, entry), image_range)
+            written.append(f"output_{k}.png")
+    return {
+        "outputs": written,
+        "runner": "scenario_runner, one process, Vulkan",
+        "seconds": seconds,
+    }
+
+
 def run_export(
     pte: Path,
     inputs: list[Path],
