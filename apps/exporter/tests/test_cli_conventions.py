@@ -126,11 +126,19 @@ def test_models_and_inputs_from_files(
     ],
 )
 def test_bad_values_are_one_line_usage_errors(
-    models: Path, tmp_path: Path, args: list[str], message: str
+    models: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
 ) -> None:
-    done = _cli(*args, "-o", str(tmp_path / "out"), cwd=models)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    from etkit_exporter.export_cli import main  # in-process: these fail before any lowering
+
+    monkeypatch.chdir(models)
+    assert main([*args, "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
 
 
@@ -145,11 +153,20 @@ def test_bad_values_are_one_line_usage_errors(
         ("target = \n", "is not valid TOML"),
     ],
 )
-def test_bad_config_files(tmp_path: Path, text: str, message: str) -> None:
+def test_bad_config_files(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    text: str,
+    message: str,
+) -> None:
+    from etkit_exporter.export_cli import main
+
     (tmp_path / "c.toml").write_text(text)
-    done = _cli("--config", "c.toml", cwd=tmp_path)
-    assert done.returncode == 2
-    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", "c.toml"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_config_reproduces_an_export(tmp_path: Path) -> None:

@@ -326,7 +326,7 @@ def warp():
           "--input-shape", "1x4x4x2"], 2, "GiB for one float32 tensor"),
         (["demo", "--quant-input", "q0.32"], 2, "a Q-format fits a sign bit and at most 15"),
         (["demo", "--quant-input", "q99999999999999999999.1"], 2, "is out of range"),
-        (["demo", "--input-shape", "1x3x8x8"], 2, "--input-shape applies to --model only"),
+        (["demo", "--input-shape", "1x3x8x8"], 2, "and --inputs apply to --model only"),
         (["demo", "--quant-output", "unorm8"], 2, "output 0 asks for uint8 (unorm8)"),
         (["demo", "--no-quant", "--quant-output", "snorm8"], 2, "no effect with --no-quant"),
     ],

@@ -155,6 +155,17 @@ void grid_sample_quantized(const View4<const int8_t>& image, const View4<const G
                               isa == Isa::kAuto || isa == Isa::kAvx512);
     return;
   }
+  // Every other mode and layout: AVX-512 where asked for (or best) and there, else AVX2 (which
+  // also serves channel counts the AVX-512 passes do not).
+  if (isa != Isa::kScalar) {
+    const bool avx512 = (isa == Isa::kAuto || isa == Isa::kAvx512) && avx512_supported();
+    for (const bool wide : {avx512, false}) {
+      if (x86_any_applies(image, output, plan, wide)) {
+        grid_sample_quantized_x86_any(image, grid, output, plan, row_begin, row_end, wide);
+        return;
+      }
+    }
+  }
   grid_sample_quantized_scalar(image, grid, output, plan, row_begin, row_end);
 }
 
@@ -286,7 +297,11 @@ void grid_sample_quantized_parallel(const View4<const int8_t>& image,
   // Rows are handed out in chunks as threads ask for them, so that a thread slowed down (a
   // busy core, a little core) holds the others up by one chunk at most. The calling thread
   // works too.
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(16, rows / (threads * 8)));
+  // A chunk is 16 rows, or more where rows are short (a correlation lookup's are 9 pixels), so
+  // that each holds some 8k pixels: a chunk's set-up then costs little against its work.
+  const int64_t short_rows = (8192 + grid.sizes[2] - 1) / grid.sizes[2];
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>(std::max<int64_t>(16, short_rows), rows / (threads * 8)));
   std::atomic<int64_t> next_row{0};
   const auto work = [&] {
     for (;;) {

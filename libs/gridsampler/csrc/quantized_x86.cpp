@@ -18,13 +18,7 @@
 #include <type_traits>
 
 #include "quantized_steps.h"
-
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#define ETKIT_HAVE_X86_KERNEL 1
-#include <immintrin.h>
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own undefined-vector idiom.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "quantized_x86_common.h"
 
 namespace etkit::gridsampler {
 
@@ -51,148 +45,8 @@ bool avx512_supported() {
 
 namespace {
 
-#define ETKIT_AVX2 __attribute__((target("avx2,fma")))
+using namespace x86;  // NOLINT: the shared forms (quantized_x86_common.h)
 
-// Steps 1 and 2 in float64 for an int16 grid with zeros or border padding. With d = q - zero,
-// X = d * multiplier and s = shift, the scalar steps compute P = round(X / 2^s) + offset (an
-// exact left shift when s <= 0); the taps need only floor(P / 2^16) (offset is a multiple of
-// 2^16), which is floor((X + 2^(s-1)) * 2^-(s+16)) + offset / 2^16. When |X| < 2^52 and
-// s <= 52, X + 2^(s-1) is an integer below 2^53, so one fused multiply-add computes it exactly,
-// and the floor, the sum and the clamp below are exact too.
-struct AxisVector {
-  bool applies;
-  double scale;   // multiplier * 2^-(s + 16)
-  double round;   // 2^(s-1) * 2^-(s + 16) = 2^-17 when s > 0, else 0
-  double offset;  // offset / 2^16 = (size - 1) * 2^15
-  // floor(P / 2^16) is clamped to [low, high]: the border itself, or, for zeros, just outside
-  // the image, where both taps of an axis read 0 whatever their weight (x0 in [-2, size]).
-  double low, high;
-};
-
-AxisVector plan_axis_vector(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
-                            bool int16_grid) {
-  AxisVector vector{};
-  const int64_t max_d = std::max(std::llabs(-32768 - grid_zero_point),
-                                 std::llabs(32767 - grid_zero_point));
-  vector.applies = int16_grid && padding != Padding::kReflection && axis.shift <= 52 &&
-                   axis.multiplier >= 0 &&
-                   static_cast<__int128>(max_d) * axis.multiplier <
-                       (static_cast<__int128>(1) << 52);
-  vector.scale =
-      std::ldexp(static_cast<double>(axis.multiplier), -static_cast<int>(axis.shift + 16));
-  vector.round = axis.shift > 0 ? std::ldexp(1.0, -17) : 0.0;
-  vector.offset = static_cast<double>(axis.offset >> 16);
-  const double size16 = static_cast<double>(axis.size) * 65536.0;
-  vector.low = padding == Padding::kBorder ? 0.0 : -2.0 * 65536.0;
-  vector.high = padding == Padding::kBorder ? size16 - 65536.0 : size16;
-  return vector;
-}
-
-// The tap coordinate and weight of one axis as one int32, Q = round(P / 2^17) (halves up) with
-// P clamped as AxisVector says: x0 = Q >> 15 and w = Q & 0x7fff. Where the scalar weight is 2^15
-// (the upper tap alone), Q names the upper tap with weight 0: the same value, and 15-bit weights.
-inline int32_t scalar_tap(int64_t coord, int64_t size) {
-  const int64_t clamped = std::min(std::max(coord, -2 * steps::kOne), size * steps::kOne);
-  return static_cast<int32_t>(steps::shift_round(clamped, 17));
-}
-
-// Steps 1 and 2 and the Q of step 3 for one axis of an int16 grid with zeros or border padding,
-// in 64-bit integer lanes. With F = floor(P / 2^16) clamped as AxisVector says, Q = floor((F +
-// 1) / 2); F = floor((d * M + R) / 2^K) + offset / 2^16 with d = q - zero, K = s + 16 and
-// R = 2^(s-1) (0 when s <= 0), so Q = floor((q * M + C) / 2^S) with S = K + 1 and
-// C = R - zero * M + (offset / 2^16 + 1) * 2^K, clamped to half the bounds of F (the map
-// F -> floor((F + 1) / 2) is monotone and the bounds are even). Halving M and S together while M
-// is even and halving C (floor) leaves Q unchanged, as q * M is an integer. It applies when
-// M < 2^31 (one 32 x 32 -> 64-bit multiply), S <= 32 and Q stays below 2^30 in magnitude.
-struct AxisInteger {
-  bool applies;
-  int32_t multiplier;
-  int64_t constant;
-  int shift;
-  int32_t low, high;
-};
-
-AxisInteger plan_axis_integer(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
-                              bool int16_grid) {
-  AxisInteger integer{};
-  if (!int16_grid || padding == Padding::kReflection || axis.multiplier <= 0 ||
-      axis.shift < -16 || axis.shift > 40) {
-    return integer;
-  }
-  const int64_t k = axis.shift + 16;
-  __int128 multiplier = axis.multiplier;
-  __int128 constant = (axis.shift > 0 ? (static_cast<__int128>(1) << (axis.shift - 1)) : 0) +
-                      ((static_cast<__int128>(axis.offset >> 16) + 1) << k) -
-                      static_cast<__int128>(grid_zero_point) * multiplier;
-  int64_t shift = k + 1;
-  while (shift > 0 && (multiplier & 1) == 0) {
-    multiplier >>= 1;
-    constant >>= 1;  // an arithmetic shift: floor(C / 2)
-    --shift;
-  }
-  const __int128 extreme = 32768 * multiplier + (constant < 0 ? -constant : constant);
-  if (multiplier >= (static_cast<__int128>(1) << 31) || shift > 32 ||
-      extreme >= (static_cast<__int128>(1) << 62) ||
-      (extreme >> shift) >= (static_cast<__int128>(1) << 30)) {
-    return integer;
-  }
-  integer.applies = true;
-  integer.multiplier = static_cast<int32_t>(multiplier);
-  integer.constant = static_cast<int64_t>(constant);
-  integer.shift = static_cast<int>(shift);
-  const bool border = padding == Padding::kBorder;
-  integer.low = border ? 0 : -65536;
-  integer.high = static_cast<int32_t>((border ? axis.size - 1 : axis.size) * 32768);
-  return integer;
-}
-
-// How a kernel computes steps 1 and 2: integer or float64 lanes (int16 grids in (x, y) pairs,
-// zeros or border padding) or the scalar steps.
-enum class Coordinates { kInteger, kFloat, kScalar };
-
-struct AxisRegisters {
-  __m256d scale, round, offset, low, high;
-};
-
-ETKIT_AVX2 AxisRegisters axis_registers(const AxisVector& axis) {
-  return {_mm256_set1_pd(axis.scale), _mm256_set1_pd(axis.round), _mm256_set1_pd(axis.offset),
-          _mm256_set1_pd(axis.low), _mm256_set1_pd(axis.high)};
-}
-
-ETKIT_AVX2 inline __m128i floor_p16(__m128i d, const AxisRegisters& axis) {
-  __m256d p = _mm256_floor_pd(_mm256_fmadd_pd(_mm256_cvtepi32_pd(d), axis.scale, axis.round));
-  p = _mm256_min_pd(_mm256_max_pd(_mm256_add_pd(p, axis.offset), axis.low), axis.high);
-  return _mm256_cvtpd_epi32(p);  // an integer below 2^30: exact
-}
-
-// Q (see scalar_tap) of eight grid values d = q - zero.
-ETKIT_AVX2 inline __m256i vector_tap(__m256i d, const AxisRegisters& axis) {
-  const __m256i p16 = _mm256_setr_m128i(floor_p16(_mm256_castsi256_si128(d), axis),
-                                        floor_p16(_mm256_extracti128_si256(d, 1), axis));
-  // round(P / 2^17) = floor((floor(P / 2^16) + 1) / 2)
-  return _mm256_srai_epi32(_mm256_add_epi32(p16, _mm256_set1_epi32(1)), 1);
-}
-
-// Q of eight grid values q (sign-extended in 32-bit lanes), in the integer form.
-struct AxisInteger256 {
-  __m256i multiplier, constant, low, high;
-  __m128i even_shift, odd_shift;  // S, and 32 - S: the odd lanes' Q lands in the upper half
-};
-
-ETKIT_AVX2 AxisInteger256 axis_integer_registers_avx2(const AxisInteger& axis) {
-  return {_mm256_set1_epi64x(axis.multiplier), _mm256_set1_epi64x(axis.constant),
-          _mm256_set1_epi32(axis.low),         _mm256_set1_epi32(axis.high),
-          _mm_cvtsi32_si128(axis.shift),       _mm_cvtsi32_si128(32 - axis.shift)};
-}
-
-ETKIT_AVX2 inline __m256i integer_tap_avx2(__m256i q, const AxisInteger256& axis) {
-  const __m256i even = _mm256_add_epi64(_mm256_mul_epi32(q, axis.multiplier), axis.constant);
-  const __m256i odd = _mm256_add_epi64(
-      _mm256_mul_epi32(_mm256_srli_epi64(q, 32), axis.multiplier), axis.constant);
-  const __m256i taps = _mm256_blend_epi32(_mm256_srl_epi64(even, axis.even_shift),
-                                          _mm256_sll_epi64(odd, axis.odd_shift), 0xAA);
-  return _mm256_min_epi32(_mm256_max_epi32(taps, axis.low), axis.high);
-}
 
 // Step 4, exactly, in 16-bit lanes. With the raw int8 taps, a = v01 - v00, e = v10 - v00 and
 // b = v11 - v10 - v01 + v00, the scalar value shift_round(top * 2^15 + (bottom - top) * wy, 15)
@@ -251,68 +105,7 @@ ETKIT_AVX2 inline __m256i pair_value(__m256i a_e, __m256i b_z, __m256i b_1, __m2
       _mm256_srai_epi32(_mm256_madd_epi16(b_1, l_half), kWeightBits));
 }
 
-struct RequantRegisters {
-  bool narrow;         // the 32-bit form applies (see narrow_requant)
-  bool narrow_unit;    // and m = 1
-  __m256i narrow_multiplier;  // epi32: M >> t
-  __m128i narrow_shift;       // k - t
-  __m256i narrow_round;       // epi32: 2^(k-t-1) - 1
-  __m256i multiplier;  // epi64
-  __m128i shift;       // k
-  __m128i shift_high;  // k - 32
-  __m256i round;       // epi64: 2^(k-1) - 1
-  __m256i zero_point, min, max;  // epi16
-};
 
-// Step 5 for eight values, without the zero point: shift_round_half_even(value * M, k). The
-// product (below 2^55) is formed in 64-bit lanes; halves to even is
-// (x + 2^(k-1) - 1 + bit k of x) >> k, and as k >= 32 that shift is an arithmetic shift of the
-// upper 32 bits by k - 32.
-ETKIT_AVX2 inline __m256i requantize8(__m256i value, const RequantRegisters& r) {
-  if (r.narrow) {
-    // M = m * 2^t with m < 2^8: value * m (|value| < 2^23) and the rounding stay in 32 bits.
-    const __m256i x = r.narrow_unit ? value : _mm256_mullo_epi32(value, r.narrow_multiplier);
-    const __m256i odd_bit =
-        _mm256_and_si256(_mm256_srl_epi32(x, r.narrow_shift), _mm256_set1_epi32(1));
-    return _mm256_sra_epi32(_mm256_add_epi32(x, _mm256_add_epi32(r.narrow_round, odd_bit)),
-                            r.narrow_shift);
-  }
-  const __m256i one = _mm256_set1_epi64x(1);
-  __m256i even = _mm256_mul_epi32(value, r.multiplier);
-  __m256i odd = _mm256_mul_epi32(_mm256_srli_epi64(value, 32), r.multiplier);
-  even = _mm256_add_epi64(
-      even, _mm256_add_epi64(r.round, _mm256_and_si256(_mm256_srl_epi64(even, r.shift), one)));
-  odd = _mm256_add_epi64(
-      odd, _mm256_add_epi64(r.round, _mm256_and_si256(_mm256_srl_epi64(odd, r.shift), one)));
-  const __m256i even_q = _mm256_sra_epi32(_mm256_srli_epi64(even, 32), r.shift_high);
-  const __m256i odd_q = _mm256_sra_epi32(odd, r.shift_high);
-  return _mm256_blend_epi32(even_q, odd_q, 0xAA);
-}
-
-// Packs two vectors of requantize8 results (|q| <= 2^13 with ratio <= 32: no saturation) to
-// 16 bits, adds the output zero point and clamps, 16 lanes at a time.
-ETKIT_AVX2 inline __m256i finish16(__m256i q0, __m256i q1, const RequantRegisters& r) {
-  const __m256i q = _mm256_add_epi16(_mm256_packs_epi32(q0, q1), r.zero_point);
-  return _mm256_min_epi16(_mm256_max_epi16(q, r.min), r.max);
-}
-
-// The requantization multiplier and shift reduced to M = m * 2^t, k - t, when m < 2^8 and
-// k - t <= 24 (for example, equal image and output scales: m = 1, k - t = 15); then
-// |value * m| + 2^(k-t-1) < 2^31 and requantize8 stays in 32-bit lanes.
-struct NarrowRequant {
-  bool applies;
-  int32_t multiplier;
-  int64_t shift;
-};
-
-NarrowRequant narrow_requant(int64_t multiplier, int64_t shift) {
-  while (multiplier > 0 && (multiplier & 1) == 0 && shift > 1) {
-    multiplier >>= 1;
-    --shift;
-  }
-  return {multiplier > 0 && multiplier < 256 && shift <= 24, static_cast<int32_t>(multiplier),
-          shift};
-}
 
 constexpr int64_t kBlock = 256;
 
@@ -435,9 +228,6 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
   }
 }
 
-// The subsets avx512_supported requires, for both AVX-512 passes.
-#define ETKIT_AVX512 \
-  __attribute__((target("avx2,fma,avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx512vnni")))
 
 // The AVX-512 path, sixteen pixels at a time, restates steps 3 and 4 so that it needs neither
 // per-pixel broadcasts nor 16-bit tap differences:
@@ -458,57 +248,6 @@ ETKIT_AVX2 void taps_block_avx2(const GridT* grid, int64_t grid_x, int64_t grid_
 // - Lanes: a vector holds one channel pair of eight pixels ([c0 of pixels 0-7 | c1 of 0-7]), so
 //   the weights of eight pixels are one 256-bit broadcast load.
 
-struct AxisInteger512 {
-  __m512i multiplier, constant, low, high;
-  __m128i even_shift, odd_shift;  // S, and 32 - S: the odd lanes' Q lands in the upper half
-};
-
-ETKIT_AVX512 AxisInteger512 axis_integer_registers(const AxisInteger& axis) {
-  return {_mm512_set1_epi64(axis.multiplier),     _mm512_set1_epi64(axis.constant),
-          _mm512_set1_epi32(axis.low),            _mm512_set1_epi32(axis.high),
-          _mm_cvtsi32_si128(axis.shift),          _mm_cvtsi32_si128(32 - axis.shift)};
-}
-
-// Q of sixteen grid values q (sign-extended in 32-bit lanes).
-ETKIT_AVX512 inline __m512i integer_tap(__m512i q, const AxisInteger512& axis) {
-  const __m512i even = _mm512_add_epi64(_mm512_mul_epi32(q, axis.multiplier), axis.constant);
-  const __m512i odd = _mm512_add_epi64(
-      _mm512_mul_epi32(_mm512_srli_epi64(q, 32), axis.multiplier), axis.constant);
-  const __m512i taps = _mm512_mask_blend_epi32(0xAAAA, _mm512_srl_epi64(even, axis.even_shift),
-                                               _mm512_sll_epi64(odd, axis.odd_shift));
-  return _mm512_min_epi32(_mm512_max_epi32(taps, axis.low), axis.high);
-}
-
-// AxisVector in registers, for the float64 form where the integer one does not apply: the clamp
-// bounds less the offset, and the offset plus 1 (see floor_p16_plus_1).
-struct AxisRegisters512 {
-  __m512d scale, round, low, high;
-  __m256i offset_plus_1;
-};
-
-ETKIT_AVX512 AxisRegisters512 axis_registers_avx512(const AxisVector& axis) {
-  return {_mm512_set1_pd(axis.scale), _mm512_set1_pd(axis.round),
-          _mm512_set1_pd(axis.low - axis.offset), _mm512_set1_pd(axis.high - axis.offset),
-          _mm256_set1_epi32(static_cast<int32_t>(axis.offset) + 1)};
-}
-
-// floor(P / 2^16) + 1, clamped as AxisVector says, of eight grid values d = q - zero, in one
-// 512-bit pass. The clamp comes first, against bounds less the (integer) offset, which commutes
-// with the floor; the floor is the conversion's own rounding.
-ETKIT_AVX512 inline __m256i floor_p16_plus_1(__m256i d, const AxisRegisters512& axis) {
-  __m512d p = _mm512_fmadd_pd(_mm512_cvtepi32_pd(d), axis.scale, axis.round);
-  p = _mm512_min_pd(_mm512_max_pd(p, axis.low), axis.high);
-  return _mm256_add_epi32(_mm512_cvt_roundpd_epi32(p, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC),
-                          axis.offset_plus_1);
-}
-
-// Q (see scalar_tap) of sixteen grid values: floor((floor(P / 2^16) + 1) / 2).
-ETKIT_AVX512 inline __m512i vector_tap_avx512(__m512i d, const AxisRegisters512& axis) {
-  const __m512i p16_plus_1 =
-      _mm512_inserti64x4(_mm512_castsi256_si512(floor_p16_plus_1(_mm512_castsi512_si256(d), axis)),
-                         floor_p16_plus_1(_mm512_extracti64x4_epi64(d, 1), axis), 1);
-  return _mm512_srai_epi32(p16_plus_1, 1);
-}
 
 // What the AVX-512 sampling pass needs, per pixel.
 struct WideTapBlock {
@@ -520,19 +259,6 @@ struct WideTapBlock {
   int inside[kBlock / 8];  // per 8 pixels, bit i: pixel i is on the vector path
 };
 
-// Byte indexes into [A | B] (two packus_epi32 results: A = [c00 | c01], B = [c10 | h] per four
-// pixels) that gather each pixel's low (high: + 1) weight bytes.
-constexpr std::array<uint8_t, 64> weight_byte_index(int high) {
-  std::array<uint8_t, 64> index{};
-  for (int pixel = 0; pixel < 16; ++pixel) {
-    const int base = 16 * (pixel / 4) + 2 * (pixel % 4) + high;
-    index[4 * pixel + 0] = static_cast<uint8_t>(base);           // c00
-    index[4 * pixel + 1] = static_cast<uint8_t>(base + 8);       // c01
-    index[4 * pixel + 2] = static_cast<uint8_t>(64 + base);      // c10
-    index[4 * pixel + 3] = static_cast<uint8_t>(64 + base + 8);  // c11
-  }
-  return index;
-}
 
 // Steps 1 to 3 for a block of pixels (count a multiple of 8), sixteen at a time: Q of each axis
 // by `kCoordinates` (int16 grids in (x, y) pairs for the vector forms), then the edge form, the
@@ -614,53 +340,6 @@ ETKIT_AVX512 __attribute__((noinline)) void taps_block_wide(const GridT* grid, i
   }
 }
 
-// Step 5's constants for the AVX-512 pass (narrow requantization, m = multiplier): the value
-// plus `add` (2^(k-1), and the output zero point times 2^k where that is exact, see below),
-// times m, shifted by k with halves to even; `init` starts the high-byte dot product, so that
-// init * 2^8 lands in the value: -zero * 2^15, and `add` too where m = 1 and it is a multiple of
-// 2^8.
-struct WideSample {
-  bool folded;  // m = 1, add = 0, after_zero_point = 0
-  int32_t init;
-  int32_t multiplier, add, after_zero_point;
-  int shift;
-  bool clamp;  // the output range is narrower than int8
-  int8_t output_min, output_max;
-  float float_scale;
-};
-
-WideSample plan_wide_sample(const QuantizedPlan& p, const NarrowRequant& requant,
-                            bool float_output) {
-  WideSample s{};
-  const int64_t image_zero = -p.image_zero_point * (int64_t(1) << 15);
-  s.init = static_cast<int32_t>(image_zero >> 8);
-  s.float_scale = p.float_output_scale;
-  if (float_output) {
-    return s;
-  }
-  s.multiplier = requant.multiplier;
-  s.shift = static_cast<int>(requant.shift);
-  // Adding zp * 2^k before the shift gives q + zp; halves to even then clears bit 0 of q + zp,
-  // which is that of q when zp is even. It must not overflow: |value * m| < 255 * 2^15 * m.
-  const int64_t half = int64_t(1) << (s.shift - 1);
-  const int64_t zero_term = p.output_zero_point * (int64_t(1) << s.shift);
-  const bool fold_zero = p.output_zero_point % 2 == 0 &&
-                         255 * (int64_t(1) << 15) * requant.multiplier + half +
-                                 std::llabs(zero_term) <
-                             (int64_t(1) << 31);
-  int64_t add = half + (fold_zero ? zero_term : 0);
-  s.after_zero_point = fold_zero ? 0 : static_cast<int32_t>(p.output_zero_point);
-  if (requant.multiplier == 1 && add % 256 == 0) {
-    s.init += static_cast<int32_t>(add / 256);
-    add = 0;
-  }
-  s.add = static_cast<int32_t>(add);
-  s.folded = s.multiplier == 1 && s.add == 0 && s.after_zero_point == 0;
-  s.clamp = p.output_min > -128 || p.output_max < 127;
-  s.output_min = static_cast<int8_t>(p.output_min);
-  s.output_max = static_cast<int8_t>(p.output_max);
-  return s;
-}
 
 // Byte indexes into [U | L] (the upper and lower rows' gathered taps of eight pixels, [v00 |
 // v01] and [v10 | v11] per pixel) giving, per 32-bit lane, one pixel's taps of one channel

@@ -1,10 +1,16 @@
 """The vectorized CPU kernels (AVX2, AVX-512) against the scalar one: the same bits over every
-int16 grid value, every padding and align_corners setting, the requantization forms, float
-output, image sizes at the vector paths' edges and pixels that fall back to the scalar steps."""
+int16 grid value, every padding and align_corners setting, both modes, every channel count and
+layout the vectorized passes serve, the requantization forms, float output, image sizes at the
+vector paths' edges, pixels that fall back to the scalar steps, runs across batch elements and
+images that end at an unreadable page."""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
+import mmap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -135,3 +141,167 @@ def test_same_bits_as_scalar_where_coordinates_need_float64(isa: str, align_corn
         expected = cpu.grid_sample(image, grid, op, isa="scalar")
         actual = cpu.grid_sample(image, grid, op, isa=isa)  # type: ignore[arg-type]
         assert torch.equal(actual, expected), f"{isa}: {op}"
+
+
+COMBINATIONS = list(
+    itertools.product(["bilinear", "nearest"], ["zeros", "border", "reflection"], [False, True])
+)
+ONE_OF_EACH = [  # (image, grid, output) quantizations that reach each vector form between them
+    (IMAGE_Q[0], GRID_Q[0], OUTPUT_Q[0]),
+    (IMAGE_Q[1], GRID_Q[1], OUTPUT_Q[2]),
+    (IMAGE_Q[0], GRID_Q[2], OUTPUT_Q[3]),
+    (IMAGE_Q[1], GRID_Q[3], OUTPUT_Q[4]),
+    (IMAGE_Q[0], GRID_Q[4], OUTPUT_Q[1]),
+    (QParams(0.05, -128, -128, 127, torch.int8), GRID_Q[0], OUTPUT_Q[4]),  # zero point -128
+]
+
+
+@pytest.mark.skipif(not VECTOR_ISAS, reason="this CPU has no vectorized kernel")
+@pytest.mark.parametrize(("mode", "padding", "align_corners"), COMBINATIONS)
+def test_every_mode_same_bits_as_scalar_over_every_grid_value(
+    mode: str, padding: str, align_corners: bool
+) -> None:
+    """Steps 1 to 3 (the same for every channel count) in each of their vector forms: integer,
+    float64, exact 64-bit (reflection), the nearest integer form and int8 tables, over every
+    grid value, on a planar one-channel image (where every pixel, inside the image or not,
+    stays on the vector path), and for nearest also a 4-channel channels-last one (bilinear's
+    is the test above's)."""
+    layouts = (0, 1) if mode == "nearest" else (0,)
+    for (height, width), channels_last in itertools.product(((2, 2), (9, 13), (37, 61)), layouts):
+        generator = torch.Generator().manual_seed(height * 100 + width)
+        image = random_image((1, 4 if channels_last else 1, height, width), generator)
+        if channels_last:
+            image = image.contiguous(memory_format=torch.channels_last)
+        for image_q, grid_q, output_q in itertools.product(IMAGE_Q, GRID_Q, OUTPUT_Q[::2]):
+            grid = every_grid_value(grid_q.dtype, 1)
+            op = GridSampleOp(mode, padding, align_corners, image_q, grid_q, output_q)  # type: ignore[arg-type]
+            expected = cpu.grid_sample(image, grid, op, isa="scalar")
+            for isa in VECTOR_ISAS:
+                actual = cpu.grid_sample(image, grid, op, isa=isa)  # type: ignore[arg-type]
+                assert torch.equal(actual, expected), f"{isa}: {op}, {tuple(image.shape)}"
+
+
+def near_image_grid(
+    shape: tuple[int, int, int], spread: float, generator: torch.Generator, dtype: torch.dtype
+) -> torch.Tensor:
+    """N x Ho x Wo x 2: most points inside the image, many near and past its edges, some at
+    exact pixel centres and halfway between them (rounding ties for nearest)."""
+    info = torch.iinfo(dtype)
+    values = torch.randn((*shape, 2), generator=generator) * spread * info.max
+    ties = torch.randint(-8, 9, (*shape, 2), generator=generator) * (info.max // 8)
+    values = torch.where(torch.rand((*shape, 1), generator=generator) < 0.25, ties, values)
+    return torch.clamp(torch.round(values), info.min, info.max).to(dtype)
+
+
+CHANNELS = [1, 2, 3, 4, 5, 8, 16, 32]  # 5: AVX2 only (any count from 2), else scalar
+
+
+@pytest.mark.skipif(not VECTOR_ISAS, reason="this CPU has no vectorized kernel")
+@pytest.mark.parametrize("channels", CHANNELS)
+def test_every_channel_count_and_layout_same_bits_as_scalar(channels: int) -> None:
+    """Steps 4 and 5 of each channel count in both layouts, both modes, every padding: images
+    from 2 x 2 up, outputs whose rows end anywhere in a vector, grids that are not (x, y) pairs,
+    taps outside the image and each requantization form."""
+    generator = torch.Generator().manual_seed(channels)
+    sizes = [(2, 2), (3, 5), (7, 2), (11, 23)]
+    for index, (mode, padding, align_corners) in enumerate(COMBINATIONS):
+        height, width = sizes[index % len(sizes)]
+        image = random_image((2, channels, height, width), generator)
+        for image_q, grid_q, output_q in ONE_OF_EACH:
+            grid = near_image_grid((2, 5, 37), 0.7, generator, grid_q.dtype)
+            strided = grid.transpose(1, 2).contiguous().transpose(1, 2)
+            op = GridSampleOp(mode, padding, align_corners, image_q, grid_q, output_q)  # type: ignore[arg-type]
+            for layout, g in itertools.product(
+                (torch.contiguous_format, torch.channels_last), (grid, strided)
+            ):
+                im = image.contiguous(memory_format=layout)
+                expected = cpu.grid_sample(im, g, op, isa="scalar")
+                for isa in VECTOR_ISAS:
+                    actual = cpu.grid_sample(im, g, op, isa=isa)  # type: ignore[arg-type]
+                    assert torch.equal(actual, expected), f"{isa}: {op}, {tuple(im.stride())}"
+
+
+@pytest.mark.skipif(not VECTOR_ISAS, reason="this CPU has no vectorized kernel")
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_runs_across_batch_elements_same_bits_as_scalar(mode: str) -> None:
+    """A correlation lookup: many small images, 9 x 9 samples of each around a point, which the
+    kernel runs many batch elements at a time; also split over threads."""
+    generator = torch.Generator().manual_seed(5)
+    for channels, (height, width) in itertools.product((1, 2, 4), ((2, 3), (5, 7), (23, 31))):
+        batch = 67
+        image = random_image((batch, channels, height, width), generator)
+        centre = torch.rand((batch, 1, 1, 2), generator=generator) * 2 - 1
+        steps = torch.linspace(-4, 4, 9)
+        dy, dx = torch.meshgrid(steps, steps, indexing="ij")
+        offsets = torch.stack((dx * 2 / width, dy * 2 / height), -1)
+        grid = torch.clamp(torch.round((centre + offsets) * 32767), -32768, 32767).to(torch.int16)
+        for padding, layout in itertools.product(
+            ("zeros", "border"), (torch.contiguous_format, torch.channels_last)
+        ):
+            im = image.contiguous(memory_format=layout)
+            op = GridSampleOp(mode, padding, True, SNORM8, SNORM16, SNORM8)  # type: ignore[arg-type]
+            expected = cpu.grid_sample(im, grid, op, isa="scalar")
+            for isa, threads in itertools.product(VECTOR_ISAS, (1, 2)):
+                actual = cpu.grid_sample(im, grid, op, isa=isa, num_threads=threads)  # type: ignore[arg-type]
+                assert torch.equal(actual, expected), f"{isa}, {threads} threads: {op}"
+
+
+@contextmanager
+def image_between_unreadable_pages(
+    shape: tuple[int, int, int, int], layout: torch.memory_format, generator: torch.Generator
+) -> Iterator[torch.Tensor]:
+    """An int8 image whose first byte follows an unreadable page and whose last byte precedes
+    one: a kernel that reads a byte outside it crashes the test."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long,
+    ]  # fmt: skip
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = mmap.PAGESIZE
+    size = shape[0] * shape[1] * shape[2] * shape[3]
+    body = (size + page - 1) // page * page
+    total = body + 2 * page
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    base = libc.mmap(None, total, mmap.PROT_READ | mmap.PROT_WRITE, flags, -1, 0)
+    assert base not in (None, ctypes.c_void_p(-1).value)
+    try:
+        assert libc.mprotect(base, page, 0) == 0
+        assert libc.mprotect(base + page + body, page, 0) == 0
+        # the image's last byte ends the readable pages (and for images of a page or less, its
+        # first byte starts them: the body is one page then)
+        start = base + page + body - size
+        buffer = (ctypes.c_int8 * size).from_address(start)
+        flat = torch.frombuffer(buffer, dtype=torch.int8)
+        values = random_image(shape, generator).contiguous(memory_format=layout)
+        permuted = values.permute(0, 2, 3, 1) if layout == torch.channels_last else values
+        flat.copy_(permuted.reshape(-1))
+        view = flat.view(permuted.shape)
+        yield view.permute(0, 3, 1, 2) if layout == torch.channels_last else view
+    finally:
+        libc.munmap(base, total)
+
+
+@pytest.mark.skipif(not VECTOR_ISAS, reason="this CPU has no vectorized kernel")
+def test_reads_nothing_outside_the_image() -> None:
+    """The gathers read whole words: near the image's last byte they clamp their addresses, and
+    taps left of a row are read from the row and shifted. An image between two unreadable pages,
+    sampled at and past every edge, in every mode, layout and channel count, in one block and in
+    runs across batch elements."""
+    generator = torch.Generator().manual_seed(9)
+    for channels, (height, width), layout in itertools.product(
+        (1, 2, 3, 4, 8, 16),
+        ((1, 2), (2, 2), (3, 5), (4, 1)),
+        (torch.contiguous_format, torch.channels_last),
+    ):
+        shape = (3, channels, height, width)
+        with image_between_unreadable_pages(shape, layout, generator) as image:
+            copy = image.clone(memory_format=layout)
+            grid = near_image_grid((3, 4, 21), 1.2, generator, torch.int16)
+            for mode, padding in itertools.product(("bilinear", "nearest"), ("zeros", "border")):
+                op = GridSampleOp(mode, padding, False, SNORM8, SNORM16, SNORM8)  # type: ignore[arg-type]
+                expected = cpu.grid_sample(copy, grid, op, isa="scalar")
+                for isa in VECTOR_ISAS:
+                    actual = cpu.grid_sample(image, grid, op, isa=isa)  # type: ignore[arg-type]
+                    assert torch.equal(actual, expected), f"{isa}: {op}, {shape}"

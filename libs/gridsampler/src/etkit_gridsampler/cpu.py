@@ -24,9 +24,13 @@ _MAX_THREADS = 4096
 @cache
 def available_isas() -> tuple[str, ...]:
     """The instruction sets the integer kernel can use on this CPU, best last: a prefix of
-    ``("scalar", "avx2", "avx512")`` ("avx512": F, BW, DQ, VL, VBMI and VNNI). The vectorized
-    kernels serve bilinear sampling of 4-channel channels-last images into channels-last
-    outputs; every other configuration runs the scalar one, whatever ``isa`` says."""
+    ``("scalar", "avx2", "avx512")`` ("avx512": F, BW, DQ, VL, VBMI and VNNI). AVX-512 serves
+    both modes, every padding, planar (NCHW, or one channel) images of any channel count and
+    channels-last images of 2, 3, 4, 8 or a multiple of 16 channels, each into an output of its
+    image's layout; AVX2 the same, and bilinear channels-last images of any channel count from
+    2 (only nearest sampling keeps to those counts). Other configurations (an image zero point
+    outside int8, sides of 2^15 pixels or more, bilinear images 1 pixel wide) run the scalar
+    kernel, whatever ``isa`` says; every kernel computes the same bits."""
     best = native_library().etkit_gridsampler_best_isa()
     return tuple(name for name, code in _ISA_CODES.items() if 0 < code <= best)
 
