@@ -16,4 +16,11 @@ for pkg in libs/quant libs/partition libs/layout libs/gridsampler apps/exporter;
   (cd "$pkg" && "$bin/mypy" --strict src)
 done
 echo "[check] pytest"
-"$bin/pytest" "$@"
+# Two workers (the CI machine has 2 cores), each test file on one worker, so that a file's
+# module-scoped exports are made once; ETKIT_TEST_WORKERS=0 runs in this process.
+workers="${ETKIT_TEST_WORKERS:-2}"
+if [ "$workers" = 0 ]; then
+  "$bin/pytest" "$@"
+else
+  "$bin/pytest" -n "$workers" --dist loadfile "$@"
+fi
