@@ -515,3 +515,28 @@ def test_clipping_report_counts_clamped_values_inside_the_graph() -> None:
     assert (record.low, record.high) == pytest.approx((-1.0, 1.0))
     assert clipping_report(module, samples, fixed=[snorm8()])[0].count == expected
     assert clipping_report(module, samples, fixed=[snorm16()]) == ()  # not a fixed range used
+
+
+class _ClampedAfter(torch.nn.Module):
+    """x * 3 quantized with SNORM8's parameters, then clamped by the model to ``bound``."""
+
+    def __init__(self, bound: float) -> None:
+        super().__init__()
+        self.bound = bound
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops = torch.ops.quantized_decomposed
+        narrow = ops.quantize_per_tensor.default(x * 3, 1 / 127, 0, -127, 127, torch.int8)
+        value = ops.dequantize_per_tensor.default(narrow, 1 / 127, 0, -127, 127, torch.int8)
+        return torch.clamp(value, -self.bound, self.bound)
+
+
+@pytest.mark.parametrize(("bound", "reported"), [(1.0, False), (0.5, False), (2.0, True)])
+def test_a_clamp_the_model_applies_anyway_is_not_clipping(bound: float, reported: bool) -> None:
+    import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers quantized_decomposed)
+
+    from etkit_quant import clipping_report
+
+    samples = [(torch.linspace(-1, 1, 201).view(1, 1, 1, 201),)]
+    module = torch.export.export(_ClampedAfter(bound), samples[0]).module(check_guards=False)
+    assert bool(clipping_report(module, samples)) == reported

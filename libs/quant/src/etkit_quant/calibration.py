@@ -25,7 +25,7 @@ from torch.fx import GraphModule, Interpreter, Node
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_quant.boundary import BoundaryQuantizer, user_inputs, user_outputs
-from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize
+from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize, target_name
 from etkit_quant.qspecs import (
     covering,
     describe_qspec,
@@ -698,13 +698,34 @@ def _origin(node: Node) -> Node:
     return node
 
 
-def _readers(quantize: Node) -> list[str]:
+def _readers(quantize: Node) -> list[Node]:
     """The ops that read ``quantize``'s output (through its dequantizes)."""
-    names = []
+    readers: dict[str, Node] = {}
     for user in quantize.users:
-        targets = list(user.users) if is_dequantize(user) else [user]
-        names += [t.name for t in targets]
-    return sorted(set(names))
+        for target in list(user.users) if is_dequantize(user) else [user]:
+            readers[target.name] = target
+    return [readers[name] for name in sorted(readers)]
+
+
+_CLAMPS: Final = frozenset({"aten::clamp", "aten::hardtanh", "aten::clip"})
+
+
+def _clamps_anyway(readers: list[Node], low: float, high: float) -> bool:
+    """Every reader is a clamp to a range within ``[low, high]``: what the quantization
+    clamps, the model clamps itself (the flow-warp demo's output ``clamp(x, -1, 1)`` read at
+    SNORM8), so nothing is lost."""
+    if not readers:
+        return False
+    for reader in readers:
+        if target_name(reader).removesuffix(".default") not in _CLAMPS:
+            return False
+        bounds = [reader.args[k] if len(reader.args) > k else None for k in (1, 2)]
+        if not all(isinstance(b, int | float) for b in bounds):
+            return False
+        lowest, highest = (float(b) for b in bounds)  # type: ignore[arg-type]
+        if lowest < low or highest > high:
+            return False
+    return True
 
 
 def clipping_report(
@@ -758,8 +779,11 @@ def clipping_report(
         half = scale / 2
         bounds = ((quant_min - zero_point) * scale - half, (quant_max - zero_point) * scale + half)
         readers = _readers(node)
+        low, high = (quant_min - zero_point) * scale, (quant_max - zero_point) * scale
+        if _clamps_anyway(readers, low - half, high + half):
+            continue
         name = f"tensor {_origin(source).name}" + (
-            f" (as read by {', '.join(readers)})" if readers else ""
+            f" (as read by {', '.join(r.name for r in readers)})" if readers else ""
         )
         accumulator = _Accumulator(name, "internal", len(sites), source, (bounds,))
         watched.setdefault(source, []).append(accumulator)
