@@ -47,6 +47,15 @@ const char* plan_axis(const QuantParams& grid, GridType grid_type, int64_t size,
   if (!(max_p < kMaxCoordinate)) {
     return "grid scale too large for this image: pixel coordinates would exceed 2^24";
   }
+  // Step 1 multiplies (d - zero point) by the multiplier in 64-bit integers, shifted left when
+  // the shift is negative: for every grid value that must stay below 2^63 (an axis of 2^23
+  // pixels or more with a tiny grid scale would wrap around).
+  const double product = max_d * static_cast<double>(axis->multiplier) *
+                         std::ldexp(1.0, static_cast<int>(std::max<int64_t>(0, -axis->shift)));
+  if (!(product < 9.2e18)) {
+    return "image axis too long for this grid quantization: step 1's 64-bit product would "
+           "overflow (more than 2^63)";
+  }
   return nullptr;
 }
 

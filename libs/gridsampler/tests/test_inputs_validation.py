@@ -482,6 +482,22 @@ def test_unsupported_reason_answers_for_sizes_below_one() -> None:
     )
 
 
+def test_an_axis_whose_step_1_product_would_overflow_is_refused() -> None:
+    """A 16,000,000-pixel axis with grid scale 1e-5 and zero point -32768: coordinates stay
+    below 2^24, but (d - zero point) * multiplier passes 2^63 for the extreme grid values, where
+    the kernels' int64 step 1 wrapped around (they agreed with each other, not with the
+    reference). Refused; an axis of 2^22 pixels at that scale and zero point 0 is not."""
+    from etkit_gridsampler import QParams
+
+    grid = QParams(1e-5, -32768, -32768, 32767, torch.int16)
+    op = GridSampleOp("bilinear", "zeros", False, SNORM8, grid, SNORM8)
+    reason = plan.unsupported_reason(op, 1, 16_000_000)
+    assert reason is not None and "64-bit product would overflow" in reason
+    fine = GridSampleOp("bilinear", "zeros", False, SNORM8, QParams(1e-5, 0, -32767, 32767,
+                        torch.int16), SNORM8)  # fmt: skip
+    assert plan.unsupported_reason(fine, 1, 2**22) is None
+
+
 def test_dispatch_up_to_the_limit_packs_its_parameters() -> None:
     """Just under 2^31 elements the dispatch is described and its parameter block packs (it
     raised struct.error past the limit before)."""
