@@ -102,20 +102,26 @@ def run_vgf(
                 resource["graph"]["src"] = str(vgf_path)
         scenario_path = work / "scenario.json"
         scenario_path.write_text(json.dumps(scenario, indent=1))
-        done = subprocess.run(
-            [find_tool("scenario_runner"), "--scenario", str(scenario_path)],
-            capture_output=True,
-            text=True,
-            check=False,
-            env=ml_emulation_env(),
-            cwd=work,
-        )
-        if done.returncode != 0:
-            raise ScenarioError(
-                f"scenario_runner failed (exit {done.returncode}):\n"
-                f"{(done.stdout + done.stderr)[-3000:]}"
-            )
+        _scenario_runner([str(scenario_path)], work, "")
         return [np.load(spec["dst"]) for spec in output_specs]
+
+
+def _scenario_runner(arguments: list[str], work: Path, what: str) -> None:
+    """Runs ``scenario_runner --scenario ARGUMENTS...`` in ``work`` with the ML emulation
+    layers; ``ScenarioError`` with its output's tail when it fails."""
+    done = subprocess.run(
+        [find_tool("scenario_runner"), "--scenario", *arguments],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=ml_emulation_env(),
+        cwd=work,
+    )
+    if done.returncode != 0:
+        raise ScenarioError(
+            f"scenario_runner failed{what} (exit {done.returncode}):\n"
+            f"{(done.stdout + done.stderr)[-3000:]}"
+        )
 
 
 def run_scenario(
@@ -185,25 +191,9 @@ def run_scenario(
             scenario_file.write_text(json.dumps(scenario, indent=1))
         out = Path(output_dir) if output_dir is not None else work / "out"
         out.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            [
-                find_tool("scenario_runner"),
-                "--scenario",
-                str(scenario_file),
-                "--output",
-                str(out.resolve()),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            env=ml_emulation_env(),
-            cwd=work,
+        _scenario_runner(
+            [str(scenario_file), "--output", str(out.resolve())], work, f" on {scenario_path}"
         )
-        if done.returncode != 0:
-            raise ScenarioError(
-                f"scenario_runner failed on {scenario_path} (exit {done.returncode}):\n"
-                f"{(done.stdout + done.stderr)[-3000:]}"
-            )
         results = []
         for io in outs:
             memory = np.load(out / io.file).reshape(io.memory_shape)

@@ -103,9 +103,7 @@ def _delegate_row(call: Any, processed: bytes) -> dict[str, Any]:
         ties = _ties(grid, op, tuple(image.shape[-2:])).unsqueeze(1).expand_as(steps)
         row["ties"] = int(ties.sum())
     steps = steps.masked_fill(ties, 0)
-    histogram = {str(k): int((steps == k).sum()) for k in range(3)}
-    histogram["more"] = int((steps > 2).sum())
-    row.update({"max_steps_vs_ideal": int(steps.max()), "steps_histogram": histogram})
+    row.update({"max_steps_vs_ideal": int(steps.max()), "steps_histogram": _histogram(steps)})
     return row
 
 
@@ -137,9 +135,14 @@ def _steps(actual: torch.Tensor, reference: torch.Tensor, entry: dict[str, Any])
     """How many output quantization steps apart two dequantized outputs are: max and a
     histogram (0, 1, 2, more)."""
     steps = ((actual.double() - reference.double()).abs() / entry["scale"]).round().long()
+    return {"max_steps": int(steps.max()), "steps_histogram": _histogram(steps)}
+
+
+def _histogram(steps: torch.Tensor) -> dict[str, int]:
+    """How many values are 0, 1, 2 and more steps apart."""
     histogram = {str(k): int((steps == k).sum()) for k in range(3)}
     histogram["more"] = int((steps > 2).sum())
-    return {"max_steps": int(steps.max()), "steps_histogram": histogram}
+    return histogram
 
 
 @dataclass(frozen=True)
