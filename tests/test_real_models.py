@@ -122,6 +122,7 @@ def _export(name: str, target: str, root: Path) -> Exported:
             quantized_output_qspecs=case.output_qspecs,
             target=target,
             verify=True,
+            scenario=target == "vgf",
         )
         error = None
     except Exception as failure:  # recorded: every test of this export reports it
@@ -312,6 +313,26 @@ def test_vgf_same_on_cpu_and_vulkan_grid_sampler(vgf: Exported) -> None:
         )
 
 
+def test_vgf_scenario_same_as_runner_with_vulkan_grid_sampler(vgf: Exported) -> None:
+    """The export's ``scenario/`` (VGF graphs and the grid-sampler shader chained in one
+    scenario_runner process) gives the very outputs the .pte runner gives with the Vulkan
+    grid sampler, on the same program inputs."""
+    from etkit_exporter.scenario import run_scenario
+
+    result = vgf.require()
+    section = result.report.get("scenario") or {}
+    assert section.get("written"), section.get("reason")
+    on_runner = _run_program(vgf, "vulkan")
+    on_scenario = run_scenario(result.artifacts_root / "scenario", _program_inputs(vgf))
+    assert len(on_scenario) == len(on_runner)
+    for index, (a, b) in enumerate(zip(on_runner, on_scenario, strict=True)):
+        b_tensor = torch.from_numpy(b.copy())
+        assert a.dtype == b_tensor.dtype and a.shape == b_tensor.shape, index
+        assert torch.equal(a, b_tensor), (
+            f"output {index}: {int((a != b_tensor).sum())} of {a.numel()} values differ"
+        )
+
+
 # -- helpers: the program's IO, as an engine sees it -----------------------------------------
 
 _DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32}
@@ -322,6 +343,19 @@ def _quantize(x: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
     return q.clamp(entry["quant_min"], entry["quant_max"]).to(_DTYPES[entry["dtype"]])
 
 
+def _program_inputs(exported: Exported) -> list[torch.Tensor]:
+    """The example inputs as the program takes them: quantized by its IO table, in its dim
+    orders."""
+    program_inputs = []
+    io = exported.require().io_quant_params["inputs"]
+    for x, entry in zip(exported.inputs, io, strict=True):
+        value = x if entry["scale"] is None else _quantize(x, entry)
+        if entry.get("dim_order") == [0, 2, 3, 1]:
+            value = value.contiguous(memory_format=torch.channels_last)
+        program_inputs.append(value.contiguous())
+    return program_inputs
+
+
 def _run_program(exported: Exported, grid_sampler_impl: str = "cpu") -> list[torch.Tensor]:
     """The program's raw outputs on the example inputs, quantized by its IO table: an XNNPACK
     program in executorch.runtime, a VGF program in etkit's runner with the grid sampler on
@@ -330,12 +364,7 @@ def _run_program(exported: Exported, grid_sampler_impl: str = "cpu") -> list[tor
     if key in exported.runs:
         return exported.runs[key]
     result = exported.require()
-    program_inputs = []
-    for x, entry in zip(exported.inputs, result.io_quant_params["inputs"], strict=True):
-        value = x if entry["scale"] is None else _quantize(x, entry)
-        if entry.get("dim_order") == [0, 2, 3, 1]:
-            value = value.contiguous(memory_format=torch.channels_last)
-        program_inputs.append(value.contiguous())
+    program_inputs = _program_inputs(exported)
     if exported.target == "vgf":
         from etkit_exporter.runner import PteProgram
 

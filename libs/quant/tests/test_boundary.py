@@ -41,6 +41,7 @@ from etkit_quant import (
     fixed_qparams,
     is_dequantize,
     is_quantize,
+    observed_int8,
     qformat,
     quantize,
     snorm8,
@@ -445,3 +446,68 @@ def test_uint8_boundaries_are_requantized_for_int8_ops(base: object) -> None:
     output = next(n for n in gm.graph.nodes if n.op == "output")
     (result,) = output.args[0]  # type: ignore[misc]
     assert qparams_of(result)[4] == torch.uint8
+
+
+def _image_reads(gm: GraphModule) -> list[tuple[float, int, int, int, torch.dtype, bool]]:
+    """The parameters each grid sampler reads its image with, and checks that the image comes
+    straight from a quantize of the producer (no dequantize-quantize pair before it)."""
+    reads = []
+    for sampler in grid_sample_nodes(gm):
+        image = sampler.args[0]
+        assert isinstance(image, Node) and is_dequantize(image)
+        source = image.args[0]
+        assert isinstance(source, Node) and is_quantize(source)
+        before = source.args[0]
+        requantized = isinstance(before, Node) and is_dequantize(before)
+        reads.append((*qparams_of(image), requantized))
+    return reads
+
+
+@pytest.mark.parametrize("base", [vgf_base, xnnpack_base])
+def test_a_sampler_can_read_its_image_as_the_model_input_gives_it(base: object) -> None:
+    """With ``grid_sampler_image_from_producer``, an image the model input already quantizes
+    (here 1/32 steps) is read with the input's parameters, not with the samplers' observed
+    int8 qspec (the exporter's calibrated default): no requantize before the sampler, which on
+    VGF runs on the CPU. Without it, the sampler's own qspec applies and the image is
+    requantized. (PT2E itself shares an input edge with its producer when dtype and qscheme
+    match, as for a fixed symmetric image qspec.)"""
+    inputs = (rand(1, 4, 8, 8, low=-3, high=3),)
+    model = SpatialTransformer()
+    for from_producer, expect in ((True, (*expected(qformat(5)), False)), (False, None)):
+        quantizer = BoundaryQuantizer(
+            base(),  # type: ignore[operator]
+            input_qspecs=(qformat(5),),
+            output_qspecs=(snorm8(),),
+            grid_sampler_image_qspec=observed_int8(),
+            grid_sampler_image_from_producer=from_producer,
+        )
+        gm = quantize(model.eval(), inputs, quantizer)
+        (read,) = _image_reads(gm)
+        if expect is not None:
+            assert read == expect
+        else:
+            assert read[0] != expected(qformat(5))[0] and read[5] is True
+        assert mixed_quantized_inputs(gm) == []
+
+
+def test_an_image_arriving_in_float_takes_the_samplers_qspec() -> None:
+    """A float input image (no qspec) is quantized with the samplers' image qspec, and a sampler
+    reading another sampler's output reads it as it was written."""
+    gm = run(
+        GridFromInput(4),
+        (rand(1, 4, 8, 8), rand(1, 6, 5, 2)),
+        (None, snorm16()),
+        (snorm8(),),
+        grid_sampler_image_qspec=qformat(6),
+        grid_sampler_image_from_producer=True,
+    )
+    assert [r[:5] for r in _image_reads(gm)] == [expected(qformat(6))]
+    gm = run(
+        ChainedSamplers(),
+        (rand(1, 4, 8, 8), rand(1, 6, 5, 2), rand(1, 6, 5, 2)),
+        (qformat(5), snorm16(), None),
+        (snorm8(),),
+        grid_sampler_output_qspec=qformat(6),
+        grid_sampler_image_from_producer=True,
+    )
+    assert _image_reads(gm) == [(*expected(qformat(5)), False), (*expected(qformat(6)), False)]

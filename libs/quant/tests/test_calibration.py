@@ -22,6 +22,7 @@ from etkit_quant import (
     covering,
     default_qspec,
     default_qspecs,
+    fixed_qparams,
     fixed_scale,
     is_dequantize,
     observe_ranges,
@@ -231,7 +232,7 @@ def test_observation_covers_every_sample_and_reports_progress() -> None:
     )
     assert (observed.min, observed.max, observed.count) == (-1.0, 7.5, 3 * 48)
     assert observed.shape == (1, 3, 4, 4) and observed.dtype == torch.float32
-    assert observed.count_outside(-1, 1) == 1
+    assert observed.count_outside(*fixed_qparams(snorm8()).rounding_range) == 1
     (output,) = observation.outputs
     assert output.count == 3 * 16 and output.min >= 0 and output.max <= 10
 
@@ -289,11 +290,13 @@ def test_nonfinite_values_inside_the_model_count_as_outside() -> None:
 
 
 def known_values() -> torch.Tensor:
-    """1000 values: 997 in [-1, 1] (both ends included), 3 outside (one by a float32 ulp)."""
-    values = torch.linspace(-1, 1, 997)
+    """1000 values: 996 in [-1, 1] (both ends included), one a float32 ulp above 1 (it rounds
+    onto SNORM8's and SNORM16's end: not clipped), one 0.6 SNORM8 steps above 1 (clipped by
+    both: more than half a step out) and -1.5 and 3.0."""
+    values = torch.linspace(-1, 1, 996)
     assert values[0] == -1 and values[-1] == 1
     outside = torch.tensor(
-        [float(torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))), -1.5, 3.0]
+        [float(torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))), 1 + 0.6 / 127, -1.5, 3.0]
     )
     return torch.cat([values, outside])[torch.randperm(1000)].view(1, 10, 100)
 
@@ -336,7 +339,10 @@ def test_saturation_counts_the_values_themselves() -> None:
 def test_a_range_not_counted_is_refused_not_guessed() -> None:
     samples = [(known_values(),)]
     observed = observe_ranges(exported(Identity(), samples[0]), samples).inputs[0]
-    with pytest.raises(ValueError, match=r"outside \[-0.5, 0.5\] were not counted.*count_outside"):
+    # 0.5 / 127 steps: [-0.5, 0.5] widened by half a step
+    with pytest.raises(
+        ValueError, match=r"outside \[-0.501969, 0.501969\] were not count.*count_outside"
+    ):
         saturation(observed, fixed_scale(0.5 / 127, torch.int8))
 
 
@@ -361,10 +367,10 @@ def test_saturation_report_of_the_old_defaults() -> None:
     ]
     image = report["grid sampler 0 (grid_sampler) image"]
     features = torch.cat([s[0].flatten() for s in samples])
-    assert image.count == int((features.abs() > 1).sum()) and not image.passes()
+    assert image.count == int((features.abs() > 1 + 0.5 / 127).sum()) and not image.passes()
     grid = report["grid sampler 0 (grid_sampler) grid"]
     grids = torch.cat([(s[1] / 4 - 1).flatten() for s in samples])
-    assert grid.count == int(((grids < -1) | (grids > 1)).sum()) and grid.fraction > 0.3
+    assert grid.count == int((grids.abs() > 1 + 1 / 32767).sum()) and grid.fraction > 0.3
     assert grid.instead() == fixed_scale(4 / 32767)
     assert report["input 1 (coords)"].instead() == fixed_scale(16 / 32767)
 

@@ -642,6 +642,9 @@ def _boundary_quantizer(
         grid_sampler_image_qspec=chosen(quant.sampler_image, defaults.grid_sampler_image_qspec),
         grid_sampler_grid_qspec=chosen(quant.sampler_grid, defaults.grid_sampler_grid_qspec),
         grid_sampler_output_qspec=chosen(quant.sampler_output, defaults.grid_sampler_output_qspec),
+        # A calibrated image qspec only fills in for images that arrive in float: one the
+        # model already quantizes is read as it is, not requantized before the sampler.
+        grid_sampler_image_from_producer=isinstance(quant.sampler_image, _Calibrated),
     )
     quantizer.check_counts(num_inputs, len(observation.outputs))
     try:

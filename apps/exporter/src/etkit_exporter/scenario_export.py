@@ -315,7 +315,7 @@ class _Builder:
         self.barrier_uses: list[dict[str, Any]] = []
         self.barrier_uids: dict[tuple[str, str, str, str], str] = {}
         self.uids: set[str] = set()
-        self.shader_written = False
+        self.shaders: dict[tuple[tuple[int, int], ...], str] = {}  # specialization -> uid
         self.params_bytes = 0
         self.inputs: list[ScenarioIO] = []
         self.outputs: list[ScenarioIO] = []
@@ -669,13 +669,7 @@ class _Builder:
         except (UnsupportedOpError, ValueError, TypeError) as error:
             self.reasons.append(f"{name}: the Vulkan grid-sampler kernel refuses it: {error}")
             return
-        if not self.shader_written:
-            self.files[SHADER_FILE] = vulkan.spirv()
-            self.extra_resources.append(
-                {"shader": {"uid": "grid_sample", "src": SHADER_FILE, "type": "SPIR-V"}}
-            )
-            self.uids.add("grid_sample")
-            self.shader_written = True
+        shader_uid = self.shader(kernel.specialization_constants)
         params = kernel.params_bytes()
         params = params + bytes(_words(len(params)) - len(params))
         params_file = f"sampler_{delegate.index}_params.npy"
@@ -729,7 +723,7 @@ class _Builder:
             "compute",
             {
                 "dispatch_compute": {
-                    "shader_ref": "grid_sample",
+                    "shader_ref": shader_uid,
                     "bindings": bindings,
                     "rangeND": groups,
                     "implicit_barrier": False,
@@ -743,6 +737,10 @@ class _Builder:
                 "backend": delegate.backend_id,
                 "command": "dispatch_compute",
                 "file": SHADER_FILE,
+                "shader": shader_uid,
+                "specialization_constants": {
+                    name: value for _, name, value in kernel.specialization_constants
+                },
                 "params": params_file,
                 "rangeND": groups,
                 "workgroup_size": list(kernel.workgroup_size),
@@ -754,6 +752,28 @@ class _Builder:
                 "buffer_bytes": sizes,
             },
         )
+
+    def shader(self, constants: tuple[tuple[int, str, int], ...]) -> str:
+        """The uid of the grid-sampler shader resource specialized with ``constants`` ((id,
+        name, value), ``KernelDispatch.specialization_constants``): one resource per distinct
+        configuration, all of them the one SPIR-V file. Specialized, a pipeline compiles only
+        its configuration's branches (on lavapipe about 4x faster than the unspecialized
+        shader, which reads every switch from the parameter block)."""
+        from etkit_gridsampler import vulkan
+
+        key = tuple((constant_id, value) for constant_id, _, value in constants)
+        uid = self.shaders.get(key)
+        if uid is not None:
+            return uid
+        if not self.shaders:
+            self.files[SHADER_FILE] = vulkan.spirv()
+        uid = self.unique("grid_sample")
+        self.shaders[key] = uid
+        shader: dict[str, Any] = {"uid": uid, "src": SHADER_FILE, "type": "SPIR-V"}
+        if key:
+            shader["specialization_constants"] = [{"id": i, "value": v} for i, v in key]
+        self.extra_resources.append({"shader": shader})
+        return uid
 
     # -- commands and barriers -------------------------------------------------------------
 

@@ -64,7 +64,12 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
     - gives user input ``k`` (the k-th placeholder that has users) ``input_qspecs[k]`` and the
       producer of graph output ``k`` ``output_qspecs[k]`` (``None``: that input or output stays
       float); the consumers of those tensors share the boundary's parameters;
-    - gives every grid sampler its image, grid and output qspecs (``None``: float);
+    - gives every grid sampler its image, grid and output qspecs (``None``: float); with
+      ``grid_sampler_image_from_producer``, a sampler whose image is already quantized to int8
+      per tensor (a boundary's qspec, or the base's for the op that computes it) reads it with
+      those parameters instead, so no requantization runs before the sampler (on VGF one before
+      a sampler whose image is a graph input runs on the CPU, outside every delegate); the
+      image qspec then applies only to images that arrive in float;
     - with ``keep_grid_positions_float``, removes the base's annotation from the grid-position
       subgraph (see ``grid_position_nodes``), so grid positions are computed in float and
       quantized once, at the grid sampler;
@@ -87,6 +92,7 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         grid_sampler_grid_qspec: QuantizationSpec | None = _DEFAULT,
         grid_sampler_output_qspec: QuantizationSpec | None = _DEFAULT,
         keep_grid_positions_float: bool = True,
+        grid_sampler_image_from_producer: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(base, Quantizer):
@@ -120,6 +126,7 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             False,
         )
         self.keep_grid_positions_float = keep_grid_positions_float
+        self.grid_sampler_image_from_producer = grid_sampler_image_from_producer
         self._arm_base = type(base).__module__.startswith("executorch.backends.arm")
         self._annotations: dict[str, QuantizationAnnotation] = {}
 
@@ -188,6 +195,10 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             if output_annotation is not None and node in output_annotation.input_qspec_map:
                 output_annotation.input_qspec_map[node] = qspec
         _settle_tied_inputs(model)
+        if self.grid_sampler_image_from_producer:
+            for node in model.graph.nodes:
+                if is_grid_sampler(node):
+                    _read_image_as_produced(node)
         # An op etkit turned float must not share a parameter with a quantized op: XNNPACK
         # serializes a shared bias once, for the first op that reads it.
         _unshare_parameters(model, {n for n in floated if _shares_parameters(n, floated)})
@@ -379,6 +390,31 @@ def _output_qspec(node: Node, depth: int = 0) -> QuantizationSpecBase | None:
             None if consumer_annotation is None else consumer_annotation.input_qspec_map.get(source)
         )
     return qspec
+
+
+def _is_int8_per_tensor(qspec: QuantizationSpecBase | None) -> bool:
+    return (
+        isinstance(qspec, QuantizationSpec)
+        and qspec.dtype == torch.int8
+        and qspec.qscheme in (torch.per_tensor_affine, torch.per_tensor_symmetric)
+    )
+
+
+def _read_image_as_produced(sampler: Node) -> None:
+    """Grid sampler ``sampler`` reads its image with the parameters the image's producer
+    quantizes it with, when that is int8 per tensor (what the integer kernel reads), instead of
+    requantizing it first; its own image qspec stays for an image that arrives in float."""
+    image, grid = sampler.args[0], sampler.args[1]
+    annotation = sampler.meta.get(ANNOTATION_KEY)
+    if not isinstance(image, Node) or image is grid or annotation is None:
+        return
+    if annotation.input_qspec_map.get(image) is None:
+        return  # a float sampler stays float
+    produced = _output_qspec(image)
+    if not _is_int8_per_tensor(produced):
+        return
+    logger.debug("grid sampler %s reads image %s as produced", sampler.name, image.name)
+    annotation.input_qspec_map[image] = SharedQuantizationSpec(image)
 
 
 def _settle_tied_inputs(model: GraphModule) -> None:

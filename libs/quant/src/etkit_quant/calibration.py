@@ -58,8 +58,11 @@ SiteKind = Literal[
     "internal",
 ]
 
-# Always counted by observe_ranges: the range of SNORM8 and SNORM16.
-_UNIT_RANGE: Final = (-1.0, 1.0)
+# Always counted by observe_ranges: what SNORM8 and SNORM16 (the default qspecs) clip.
+_DEFAULT_COUNTED: Final = (
+    fixed_qparams(snorm8()).rounding_range,
+    fixed_qparams(snorm16()).rounding_range,
+)
 
 
 # -- checking samples ---------------------------------------------------------------------------
@@ -353,8 +356,7 @@ def _range_of(qspec: object) -> tuple[float, float] | None:
         raise TypeError(
             "count_outside takes qspecs (or (low, high) pairs), got " + type(qspec).__name__
         )
-    params = fixed_qparams(qspec)
-    return params.low, params.high
+    return fixed_qparams(qspec).rounding_range
 
 
 def _as_graph_module(model: object, first_sample: tuple[torch.Tensor, ...]) -> GraphModule:
@@ -394,10 +396,10 @@ def observe_ranges(
 ) -> RangeObservation:
     """Runs the float ``model`` on every sample of ``calibration`` and records, per graph user
     input, per graph output and per grid sampler (its image ``args[0]``, grid ``args[1]`` and
-    output), the min, max and count of the values, and exactly how many values lie outside
-    [-1, 1] and outside the representable range of each fixed qspec (or ``(low, high)`` pair)
-    in ``count_outside`` (pass the fixed qspecs the boundaries may get, so that
-    ``saturation_report`` can count them).
+    output), the min, max and count of the values, and exactly how many values each fixed qspec
+    in ``count_outside`` clips (more than half a step outside its representable range; or how
+    many lie outside a ``(low, high)`` pair), SNORM8 and SNORM16 always (pass the fixed qspecs
+    the boundaries may get, so that ``saturation_report`` can count them).
 
     ``model`` is a ``GraphModule`` from ``torch.export.export(...).module()`` (what ``quantize``
     receives), run as it is through ``torch.fx.Interpreter`` and never modified, or an
@@ -414,7 +416,7 @@ def observe_ranges(
         _check_sample(sample, reference, f"calibration sample {index}")
         for index, sample in enumerate(given)
     ]
-    ranges: list[tuple[float, float]] = [_UNIT_RANGE]
+    ranges: list[tuple[float, float]] = list(_DEFAULT_COUNTED)
     for qspec in count_outside:
         bounds = _range_of(qspec)
         if bounds is not None and bounds not in ranges:
@@ -577,10 +579,11 @@ def default_qspecs(
 @dataclass(frozen=True)
 class Saturation:
     """How much of the calibration data a fixed-parameter qspec clips at one place: ``count`` of
-    the ``total`` values seen lie outside ``[low, high]``, the qspec's representable range
-    ``[(quant_min - zero_point) * scale, (quant_max - zero_point) * scale]`` (non-finite values
-    count as outside). ``suggested`` is the fixed qspec of the same width that covers every
-    finite value seen (``covering``), ``None`` when there is none."""
+    the ``total`` values seen lie more than half a step outside ``[low, high]``, the qspec's
+    representable range ``[(quant_min - zero_point) * scale, (quant_max - zero_point) * scale]``
+    (a value within half a step of it rounds onto its end, losing no more than any rounding;
+    non-finite values count as outside). ``suggested`` is the fixed qspec of the same width
+    that covers every finite value seen (``covering``), ``None`` when there is none."""
 
     name: str
     qspec: str
@@ -594,7 +597,7 @@ class Saturation:
     suggested: QuantizationSpec | None = field(default=None, compare=False)
 
     def passes(self, threshold: float = SATURATION_THRESHOLD) -> bool:
-        """True when at most ``threshold`` (0.1 %) of the values lie outside the range."""
+        """True when at most ``threshold`` (0.1 %) of the values are clipped."""
         return self.fraction <= threshold
 
     def instead(self, threshold: float = SATURATION_THRESHOLD) -> QuantizationSpec | None:
@@ -606,7 +609,7 @@ class Saturation:
         """One line for a console warning or a report."""
         text = (
             f"{self.name}: {self.count} of {self.total} calibration values "
-            f"({100 * self.fraction:.3g} %) lie outside {self.qspec}'s range "
+            f"({100 * self.fraction:.3g} %) lie more than half a step outside {self.qspec}'s range "
             f"[{self.low:.6g}, {self.high:.6g}] (observed [{self.observed_min:.6g}, "
             f"{self.observed_max:.6g}])"
         )
@@ -636,7 +639,7 @@ def saturation(observed: ObservedRange, qspec: QuantizationSpec | None) -> Satur
     if qspec is None or not is_fixed(qspec):
         return None
     params = fixed_qparams(qspec)
-    count = observed.count_outside(params.low, params.high)
+    count = observed.count_outside(*params.rounding_range)
     finite = observed.count > observed.nonfinite
     suggested = None
     if finite and observed.max_abs > 0:

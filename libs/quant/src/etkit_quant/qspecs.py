@@ -81,6 +81,14 @@ class FixedQParams:
         """The largest representable value, ``(quant_max - zero_point) * scale``."""
         return (self.quant_max - self.zero_point) * self.scale
 
+    @property
+    def rounding_range(self) -> tuple[float, float]:
+        """``[low - scale / 2, high + scale / 2]``: the values that round into the range. One
+        inside it loses at most half a step, as every quantized value does; one beyond it is
+        clipped."""
+        half = self.scale / 2
+        return self.low - half, self.high + half
+
 
 def fixed(
     scale: float, zero_point: int, dtype: torch.dtype, quant_min: int, quant_max: int
