@@ -309,7 +309,9 @@ def test_signal_during_a_real_export_keeps_the_previous_one(
     process.send_signal(sig)
     process.wait(timeout=60)
     assert process.returncode == status
-    assert time.monotonic() - sent < 5, "the export did not stop promptly"
+    # promptly: seconds, not the minutes the stage would take (5.6 s measured on a loaded
+    # 2-core machine, under 2 s idle)
+    assert time.monotonic() - sent < 15, "the export did not stop promptly"
     assert {p: p.read_bytes() for p in previous_export.rglob("*") if p.is_file()} == before
     if sig != signal.SIGKILL:  # Ctrl-C and SIGTERM clean up at once
         assert _leftovers(previous_export.parent) == []
