@@ -196,10 +196,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += _table(
         ["", "index", "name", "shape", "dim order", "dtype", "scale", "zero point", "texture"], rows
     )
-    lines += ["", "## Saturation (calibration data outside each fixed range)", ""]
+    lines += [
+        "",
+        "## Saturation (calibration data each fixed range clips: more than half a step outside)",
+        "",
+    ]
     lines += (
         _table(
-            ["boundary", "qspec", "range", "outside", "observed", "verdict"],
+            ["boundary", "qspec", "range", "clipped", "observed", "verdict"],
             [
                 [
                     s["name"],
