@@ -76,6 +76,7 @@ struct Setup {
   bool nearest;
   bool pairs;  // the grid is (x, y) pairs, one after the other
   AxisInteger integer_x, integer_y;
+  AxisSplit split_x, split_y;
   AxisVector float_x, float_y;
   AxisExact exact_x, exact_y;
   AxisNearest nearest_x, nearest_y;
@@ -156,8 +157,17 @@ ETKIT_AVX512 __attribute__((noinline)) void coordinates_block(const GridT* grid,
   const AxisNearest512 nearest_y = axis_nearest_registers(s.nearest_y);
   const __m512i grid_zero = _mm512_set1_epi32(s.grid_zero_point);
   const __m512i table_bias = _mm512_set1_epi32(128);
+  const AxisSplit512 split_x = axis_split_registers(s.split_x, 0);
+  const AxisSplit512 split_y = axis_split_registers(s.split_y, 1);
   for (int64_t i = 0; i < count; i += 16) {
     __m512i gx, gy, cx, cy;
+    if constexpr (kForm == Coordinates::kSplit) {  // int16 (x, y) pairs
+      const __m512i xy = _mm512_maskz_loadu_epi32(
+          count - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (count - i)) - 1), grid + i * 2);
+      _mm512_store_si512(out->x + i, split_tap(xy, split_x));
+      _mm512_store_si512(out->y + i, split_tap(xy, split_y));
+      continue;
+    }
     load_grid(grid, grid_x, grid_axis, s.pairs, i, count, &gx, &gy);
     if constexpr (kForm == Coordinates::kInteger) {
       cx = integer_tap(gx, integer_x);
@@ -200,6 +210,9 @@ void coordinates(const GridT* grid, int64_t grid_x, int64_t grid_axis, int64_t c
     coordinates_block<GridT, C::kTable, false>(grid, grid_x, grid_axis, count, s, p, out);
   } else {
     switch (s.coordinates) {
+      case C::kSplit:
+        coordinates_block<GridT, C::kSplit, false>(grid, grid_x, grid_axis, count, s, p, out);
+        return;
       case C::kInteger:
         coordinates_block<GridT, C::kInteger, false>(grid, grid_x, grid_axis, count, s, p, out);
         return;
@@ -280,7 +293,7 @@ struct Finish {
   Requant requant;
   __m512i init;
   __m512i multiplier, add, after_zero, below_step, not_one;
-  __m128i shift;
+  __m512i shift;  // a vector count (one uop, where an xmm count takes two)
   __m512i wide_multiplier, wide_round, one64;
   __m128i wide_shift;
   __m512i output_zero;
@@ -302,7 +315,7 @@ ETKIT_AVX512 inline Finish finish_registers(const Setup& s) {
   f.below_step = _mm512_set1_epi32(
       static_cast<int32_t>((int64_t(1) << std::min(s.sample.shift, 31)) - 1));
   f.not_one = _mm512_set1_epi32(~1);
-  f.shift = _mm_cvtsi32_si128(s.sample.shift);
+  f.shift = _mm512_set1_epi32(s.sample.shift);
   f.wide_multiplier = _mm512_set1_epi64(s.wide_multiplier);
   f.wide_round = _mm512_set1_epi64((int64_t(1) << (s.wide_shift - 1)) - 1);
   f.one64 = _mm512_set1_epi64(1);
@@ -342,7 +355,7 @@ ETKIT_AVX512 inline __m512i requantize(__m512i value, const Finish& f) {
   const __m512i y = f.requant == Requant::kFolded
                         ? value
                         : _mm512_add_epi32(_mm512_mullo_epi32(value, f.multiplier), f.add);
-  __m512i q = _mm512_sra_epi32(y, f.shift);
+  __m512i q = _mm512_srav_epi32(y, f.shift);
   q = _mm512_mask_and_epi32(q, _mm512_testn_epi32_mask(y, f.below_step), q, f.not_one);
   return f.requant == Requant::kFolded ? q : _mm512_add_epi32(q, f.after_zero);
 }
@@ -500,23 +513,34 @@ ETKIT_AVX512 __attribute__((noinline)) void bilinear_masked_block(const Coords& 
                                                    y1_bytes);
       inside = _mm512_and_si512(x_bytes, y_bytes);
     }
-    // Each row is read from column xa = clamp(x0, 0, width - 2) and shifted by x0 - xa taps;
-    // a row outside the image is read from the nearest row inside (and masked).
-    const __m512i xa = _mm512_min_epi32(_mm512_max_epi32(x0, zero), last_x0);
-    const __m512i row0 = times_stride(_mm512_min_epi32(_mm512_max_epi32(y0, zero), last_y),
-                                      stride_y, small_stride);
-    const __m512i row1 = times_stride(
-        _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(y0, one), zero), last_y), stride_y,
-        small_stride);
-    const __m512i column = kBytes == 1 ? xa : _mm512_slli_epi32(xa, 1);
-    __m512i upper = _mm512_add_epi32(row0, column), lower = _mm512_add_epi32(row1, column);
+    __m512i upper, lower, shift_bits;
+    if (all_inside) {
+      // 0 <= x0 <= width - 2 and 0 <= y0 <= height - 2: rows y0 and y0 + 1 from column x0
+      upper = _mm512_add_epi32(times_stride(y0, stride_y, small_stride),
+                               kBytes == 1 ? x0 : _mm512_slli_epi32(x0, 1));
+      lower = _mm512_add_epi32(upper, stride_y);
+      shift_bits = zero;
+    } else {
+      // Each row is read from column xa = clamp(x0, 0, width - 2) and shifted by x0 - xa taps;
+      // a row outside the image is read from the nearest row inside (and masked).
+      const __m512i xa = _mm512_min_epi32(_mm512_max_epi32(x0, zero), last_x0);
+      const __m512i row0 = times_stride(_mm512_min_epi32(_mm512_max_epi32(y0, zero), last_y),
+                                        stride_y, small_stride);
+      const __m512i row1 = times_stride(
+          _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(y0, one), zero), last_y), stride_y,
+          small_stride);
+      const __m512i column = kBytes == 1 ? xa : _mm512_slli_epi32(xa, 1);
+      upper = _mm512_add_epi32(row0, column);
+      lower = _mm512_add_epi32(row1, column);
+      shift_bits = _mm512_slli_epi32(_mm512_sub_epi32(x0, xa), kBytes == 1 ? 3 : 4);
+    }
     if (c.batched) {
       const __m512i plane = _mm512_load_si512(c.plane + i);
       upper = _mm512_add_epi32(upper, plane);
       lower = _mm512_add_epi32(lower, plane);
     }
-    const __m512i shift_bits = _mm512_slli_epi32(_mm512_sub_epi32(x0, xa), kBytes == 1 ? 3 : 4);
-    const bool shifted = _mm512_test_epi32_mask(shift_bits, shift_bits) != 0;
+    const bool shifted = !all_inside &&
+                         _mm512_test_epi32_mask(shift_bits, shift_bits) != 0;
     // Where the sixteen pixels' taps of each row lie within 64 bytes (a smooth warp: neighbours
     // sample neighbours), two 64-byte loads and a byte permute replace the two gathers: lane
     // [q00, q01, q10, q11] takes bytes du, du + kBytes of the upper row's load and dl,
@@ -612,26 +636,24 @@ struct EdgeTaps {
 
 ETKIT_AVX512 inline EdgeTaps edge_taps(const Coords& c, int64_t i, __mmask16 lanes,
                                        const Setup& s, int64_t limit) {
-  const __m512i weight_mask = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-  const __m512i full = _mm512_set1_epi32(1 << kWeightBits);
-  const __m512i last_x0 = _mm512_set1_epi32(s.width - 2), last_y0 = _mm512_set1_epi32(s.height - 2);
+  const __m512i one = _mm512_set1_epi32(1), zero = _mm512_setzero_si512();
   const __m512i qx = _mm512_load_si512(c.x + i), qy = _mm512_load_si512(c.y + i);
-  __m512i x0 = _mm512_srai_epi32(qx, kWeightBits), wx = _mm512_and_si512(qx, weight_mask);
-  __m512i y0 = _mm512_srai_epi32(qy, kWeightBits), wy = _mm512_and_si512(qy, weight_mask);
-  const __mmask16 edge_x = _mm512_cmpeq_epi32_mask(x0, _mm512_set1_epi32(s.width - 1)) &
-                           _mm512_testn_epi32_mask(wx, wx);
-  const __mmask16 edge_y = _mm512_cmpeq_epi32_mask(y0, _mm512_set1_epi32(s.height - 1)) &
-                           _mm512_testn_epi32_mask(wy, wy);
-  x0 = _mm512_mask_sub_epi32(x0, edge_x, x0, one);
-  wx = _mm512_mask_mov_epi32(wx, edge_x, full);
-  y0 = _mm512_mask_sub_epi32(y0, edge_y, y0, one);
-  wy = _mm512_mask_mov_epi32(wy, edge_y, full);
+  // quantized_x86.cpp's edge form wherever Q is a whole pixel but 0: x0 = max(Q - 1, 0) >> 15,
+  // wx = Q - x0 * 2^15, on the vector path exactly when 0 <= Q <= (size - 1) * 2^15
+  const __m512i x0 =
+      _mm512_srai_epi32(_mm512_max_epi32(_mm512_sub_epi32(qx, one), zero), kWeightBits);
+  const __m512i y0 =
+      _mm512_srai_epi32(_mm512_max_epi32(_mm512_sub_epi32(qy, one), zero), kWeightBits);
+  const __m512i wx = _mm512_sub_epi32(qx, _mm512_slli_epi32(x0, kWeightBits));
+  const __m512i wy = _mm512_sub_epi32(qy, _mm512_slli_epi32(y0, kWeightBits));
   const bool small = s.stride_y < (1 << 15) && s.stride_x < (1 << 15);
   const __m512i offsets = _mm512_add_epi32(
       times_stride(y0, _mm512_set1_epi32(static_cast<int32_t>(s.stride_y)), small),
       times_stride(x0, _mm512_set1_epi32(static_cast<int32_t>(s.stride_x)), small));
-  __mmask16 inside = lanes & _mm512_cmple_epu32_mask(x0, last_x0) &
-                     _mm512_cmple_epu32_mask(y0, last_y0);
+  __mmask16 inside =
+      lanes &
+      _mm512_cmple_epu32_mask(qx, _mm512_set1_epi32((s.width - 1) << kWeightBits)) &
+      _mm512_cmple_epu32_mask(qy, _mm512_set1_epi32((s.height - 1) << kWeightBits));
   if (limit < INT32_MAX) {
     inside &= _mm512_cmple_epi32_mask(offsets, _mm512_set1_epi32(static_cast<int32_t>(limit)));
   }
@@ -1060,6 +1082,7 @@ void coordinates_avx2(const GridT* grid, int64_t grid_x, int64_t grid_axis, int6
     coordinates_block_avx2<GridT, C::kTable, false>(grid, grid_x, grid_axis, count, s, p, out);
   } else {
     switch (s.coordinates) {
+      case C::kSplit:  // (AVX-512 only) the integer form
       case C::kInteger:
         coordinates_block_avx2<GridT, C::kInteger, false>(grid, grid_x, grid_axis, count, s, p,
                                                           out);
@@ -1618,7 +1641,12 @@ void make_setup(const View4<const int8_t>& image, const View4<const GridT>& grid
       s->table_y[v + 128] = s->nearest ? nearest_index(py, p.y.size) : scalar_tap(py, p.y.size);
     }
   } else if (!s->nearest && s->integer_x.applies && s->integer_y.applies) {
-    s->coordinates = C::kInteger;
+    s->split_x = plan_axis_split(s->integer_x);
+    s->split_y = plan_axis_split(s->integer_y);
+    // the split form reads (x, y) pairs; the AVX2 pass takes the integer one
+    s->coordinates = s->pairs && s->split_x.applies && s->split_y.applies
+                         ? C::kSplit
+                         : C::kInteger;
   } else if (!s->nearest && s->float_x.applies && s->float_y.applies) {
     s->coordinates = C::kFloat;
   } else if (s->nearest && kInt16 && s->nearest_x.applies && s->nearest_y.applies) {
@@ -1709,6 +1737,14 @@ void rows_any(const View4<const int8_t>& image, const View4<const GridT>& grid,
     // image lines of its pixels, whose addresses are no stream the hardware prefetchers follow.
     const auto first_pass = [&](int64_t first, Coords* c) {
       const int64_t block = std::min(kRun, count - first);
+      // the grid points two blocks on, as quantized_x86.cpp does
+      if (s.pairs && first + 2 * kRun < count) {
+        const char* const ahead = reinterpret_cast<const char*>(grid_run + (first + 2 * kRun) * 2);
+        const int64_t bytes = std::min(kRun, count - first - 2 * kRun) * 2 * int64_t(sizeof(GridT));
+        for (int64_t b = 0; b < bytes; b += 64) {
+          _mm_prefetch(ahead + b, _MM_HINT_T0);
+        }
+      }
       if (wide) {
         coordinates(grid_run + first * grid_x, grid_x, grid_axis, block, s, p, c);
       } else {

@@ -25,6 +25,7 @@ namespace etkit::gridsampler::x86 {
 
 #define ETKIT_AVX2 __attribute__((target("avx2,fma")))
 
+
 // Steps 1 and 2 in float64 for an int16 grid with zeros or border padding. With d = q - zero,
 // X = d * multiplier and s = shift, the scalar steps compute P = round(X / 2^s) + offset (an
 // exact left shift when s <= 0); the taps need only floor(P / 2^16) (offset is a multiple of
@@ -118,9 +119,54 @@ inline AxisInteger plan_axis_integer(const AxisPlan& axis, int64_t grid_zero_poi
   return integer;
 }
 
-// How a kernel computes steps 1 and 2: integer or float64 lanes (int16 grids in (x, y) pairs,
-// zeros or border padding) or the scalar steps.
-enum class Coordinates { kInteger, kFloat, kScalar, kExact, kTable, kNearest };
+// AxisInteger in 32-bit lanes, from the grid's (x, y) pairs as they are (16-bit multiply-adds
+// need no sign extension): with M = Mh * 2^S + Ml (Ml = M mod 2^S, less 2^S where that fits 16
+// bits better) and C = Ch * 2^S + Cl (0 <= Cl < 2^S),
+// q * M + C = (q * Mh + Ch) * 2^S + (q * Ml + Cl), so Q = floor((q * M + C) / 2^S) is
+//   (q * Mh + Ch) + ((q * Ml + Cl) >> S),
+// exactly (the floor of an integer plus any A / 2^S), where both products are 16 x 16-bit
+// (Mh, Ml within int16) and both sums fit 32 bits for every int16 q (checked below; the sum of
+// the two is Q, below 2^30 in magnitude). It is the 32-bit Vulkan shader's idea of splitting step
+// 1's product, with the split at 2^S so that the low part's quotient is one arithmetic shift.
+struct AxisSplit {
+  bool applies;
+  int32_t high_multiplier, low_multiplier;  // Mh, Ml (16-bit)
+  int32_t high_constant, low_constant;      // Ch, Cl
+  int shift;                                // S, at most 30
+  int32_t low, high;                        // AxisInteger's clamp
+};
+
+inline AxisSplit plan_axis_split(const AxisInteger& axis) {
+  AxisSplit split{};
+  if (!axis.applies || axis.shift > 30 || axis.shift < 0) {
+    return split;
+  }
+  const int64_t s = axis.shift, m = axis.multiplier, c = axis.constant;
+  int64_t ml = m & ((int64_t(1) << s) - 1);
+  if (ml > 32767) {
+    ml -= int64_t(1) << s;  // Ml may be negative: any Ml = M mod 2^S that fits 16 bits
+  }
+  const int64_t mh = (m - ml) >> s;
+  const int64_t ch = c >> s, cl = c & ((int64_t(1) << s) - 1);  // floor, and the rest
+  const int64_t limit = int64_t(1) << 31;
+  if (mh > 32767 || ml < -32768 || 32768 * std::llabs(ml) + cl >= limit ||
+      32768 * mh + std::llabs(ch) >= limit) {
+    return split;
+  }
+  split.applies = true;
+  split.high_multiplier = static_cast<int32_t>(mh);
+  split.low_multiplier = static_cast<int32_t>(ml);
+  split.high_constant = static_cast<int32_t>(ch);
+  split.low_constant = static_cast<int32_t>(cl);
+  split.shift = static_cast<int>(s);
+  split.low = axis.low;
+  split.high = axis.high;
+  return split;
+}
+
+// How a kernel computes steps 1 and 2: integer (64-bit or split 32-bit) or float64 lanes (int16
+// grids in (x, y) pairs, zeros or border padding) or the scalar steps.
+enum class Coordinates { kInteger, kFloat, kScalar, kExact, kTable, kNearest, kSplit };
 
 // The requantization multiplier and shift reduced to M = m * 2^t, k - t, when m < 2^8 and
 // k - t <= 24 (for example, equal image and output scales: m = 1, k - t = 15); then
@@ -146,13 +192,13 @@ inline NarrowRequant narrow_requant(int64_t multiplier, int64_t shift) {
 
 struct AxisInteger512 {
   __m512i multiplier, constant, low, high;
-  __m128i even_shift, odd_shift;  // S, and 32 - S: the odd lanes' Q lands in the upper half
+  __m512i even_shift, odd_shift;  // S, and 32 - S: the odd lanes' Q lands in the upper half
 };
 
 ETKIT_AVX512 inline AxisInteger512 axis_integer_registers(const AxisInteger& axis) {
   return {_mm512_set1_epi64(axis.multiplier),     _mm512_set1_epi64(axis.constant),
           _mm512_set1_epi32(axis.low),            _mm512_set1_epi32(axis.high),
-          _mm_cvtsi32_si128(axis.shift),          _mm_cvtsi32_si128(32 - axis.shift)};
+          _mm512_set1_epi64(axis.shift),          _mm512_set1_epi64(32 - axis.shift)};
 }
 
 // Q of sixteen grid values q (sign-extended in 32-bit lanes).
@@ -160,9 +206,35 @@ ETKIT_AVX512 inline __m512i integer_tap(__m512i q, const AxisInteger512& axis) {
   const __m512i even = _mm512_add_epi64(_mm512_mul_epi32(q, axis.multiplier), axis.constant);
   const __m512i odd = _mm512_add_epi64(
       _mm512_mul_epi32(_mm512_srli_epi64(q, 32), axis.multiplier), axis.constant);
-  const __m512i taps = _mm512_mask_blend_epi32(0xAAAA, _mm512_srl_epi64(even, axis.even_shift),
-                                               _mm512_sll_epi64(odd, axis.odd_shift));
+  const __m512i taps = _mm512_mask_blend_epi32(0xAAAA, _mm512_srlv_epi64(even, axis.even_shift),
+                                               _mm512_sllv_epi64(odd, axis.odd_shift));
   return _mm512_min_epi32(_mm512_max_epi32(taps, axis.low), axis.high);
+}
+
+// AxisSplit in registers for one axis of (x, y) pair lanes: `half` 0 for x (the low 16 bits of
+// each lane), 1 for y.
+struct AxisSplit512 {
+  __m512i high_multiplier, low_multiplier, high_constant, low_constant, low, high;
+  __m512i shift;
+};
+
+ETKIT_AVX512 inline AxisSplit512 axis_split_registers(const AxisSplit& a, int half) {
+  const int up = 16 * half;
+  return {_mm512_set1_epi32(static_cast<int32_t>((static_cast<uint32_t>(a.high_multiplier) & 0xFFFF) << up)),
+          _mm512_set1_epi32(static_cast<int32_t>((static_cast<uint32_t>(a.low_multiplier) & 0xFFFF) << up)),
+          _mm512_set1_epi32(a.high_constant),
+          _mm512_set1_epi32(a.low_constant),
+          _mm512_set1_epi32(a.low),
+          _mm512_set1_epi32(a.high),
+          _mm512_set1_epi32(a.shift)};
+}
+
+// Q of sixteen grid values, from their (x, y) pairs `xy` (int16 each).
+ETKIT_AVX512 inline __m512i split_tap(__m512i xy, const AxisSplit512& a) {
+  const __m512i high = _mm512_add_epi32(_mm512_madd_epi16(xy, a.high_multiplier), a.high_constant);
+  const __m512i low = _mm512_add_epi32(_mm512_madd_epi16(xy, a.low_multiplier), a.low_constant);
+  const __m512i taps = _mm512_add_epi32(high, _mm512_srav_epi32(low, a.shift));
+  return _mm512_min_epi32(_mm512_max_epi32(taps, a.low), a.high);
 }
 
 // AxisVector in registers, for the float64 form where the integer one does not apply: the clamp
@@ -325,7 +397,7 @@ struct AxisExact512 {
   __m512i multiplier, round, offset, zero, low, high;
   __m512i reflect_low, span, double_span, period, low_half;
   __m512d inverse_period;
-  __m128i shift;
+  __m512i shift;  // a vector count: one uop
   bool left, reflect;
 };
 
@@ -342,7 +414,7 @@ ETKIT_AVX512 inline AxisExact512 axis_exact_registers(const AxisExact& a) {
           _mm512_set1_epi64(a.period),
           _mm512_set1_epi64(0xffffffffLL),
           _mm512_set1_pd(a.inverse_period),
-          _mm_cvtsi32_si128(a.shift > 0 ? a.shift : -a.shift),
+          _mm512_set1_epi64(a.shift > 0 ? a.shift : -a.shift),
           a.shift <= 0,
           a.reflect};
 }
@@ -352,8 +424,8 @@ template <bool kNearest>
 ETKIT_AVX512 inline __m256i exact_tap8(__m256i q, const AxisExact512& a) {
   const __m512i d = _mm512_sub_epi64(_mm512_cvtepi32_epi64(q), a.zero);
   const __m512i product = _mm512_mullo_epi64(d, a.multiplier);
-  __m512i p = a.left ? _mm512_sll_epi64(product, a.shift)
-                     : _mm512_sra_epi64(_mm512_add_epi64(product, a.round), a.shift);
+  __m512i p = a.left ? _mm512_sllv_epi64(product, a.shift)
+                     : _mm512_srav_epi64(_mm512_add_epi64(product, a.round), a.shift);
   p = _mm512_add_epi64(p, a.offset);
   if (a.reflect) {
     const __m512i distance = _mm512_abs_epi64(_mm512_sub_epi64(p, a.reflect_low));
@@ -456,7 +528,7 @@ inline AxisNearest plan_axis_nearest(const AxisPlan& axis, int64_t grid_zero_poi
 
 struct AxisNearest512 {
   __m512i multiplier, constant, below_shift, tie_limit, low, high;
-  __m128i shift;
+  __m512i shift;
 };
 
 ETKIT_AVX512 inline AxisNearest512 axis_nearest_registers(const AxisNearest& a) {
@@ -466,14 +538,14 @@ ETKIT_AVX512 inline AxisNearest512 axis_nearest_registers(const AxisNearest& a) 
           _mm512_set1_epi64(a.tie_limit),
           _mm512_set1_epi32(a.low),
           _mm512_set1_epi32(a.high),
-          _mm_cvtsi32_si128(a.shift)};
+          _mm512_set1_epi64(a.shift)};
 }
 
 // The nearest index of the grid values in the even (kOdd: odd) 32-bit lanes of q, as 64-bit
 // lanes.
 ETKIT_AVX512 inline __m512i nearest_index8(__m512i q, const AxisNearest512& a) {
   const __m512i x = _mm512_add_epi64(_mm512_mul_epi32(q, a.multiplier), a.constant);
-  const __m512i up = _mm512_sra_epi64(x, a.shift);
+  const __m512i up = _mm512_srav_epi64(x, a.shift);
   const __m512i one = _mm512_set1_epi64(1);
   const __mmask8 tie = _mm512_cmplt_epi64_mask(_mm512_and_si512(x, a.below_shift), a.tie_limit);
   return _mm512_mask_sub_epi64(up, tie & _mm512_test_epi64_mask(up, one), up, one);
@@ -515,22 +587,45 @@ ETKIT_AVX2 inline __m256i vector_tap(__m256i d, const AxisRegisters& axis) {
 // Q of eight grid values q (sign-extended in 32-bit lanes), in the integer form.
 struct AxisInteger256 {
   __m256i multiplier, constant, low, high;
-  __m128i even_shift, odd_shift;  // S, and 32 - S: the odd lanes' Q lands in the upper half
+  __m256i even_shift, odd_shift;  // S, and 32 - S: the odd lanes' Q lands in the upper half
 };
 
 ETKIT_AVX2 inline AxisInteger256 axis_integer_registers_avx2(const AxisInteger& axis) {
   return {_mm256_set1_epi64x(axis.multiplier), _mm256_set1_epi64x(axis.constant),
           _mm256_set1_epi32(axis.low),         _mm256_set1_epi32(axis.high),
-          _mm_cvtsi32_si128(axis.shift),       _mm_cvtsi32_si128(32 - axis.shift)};
+          _mm256_set1_epi64x(axis.shift),      _mm256_set1_epi64x(32 - axis.shift)};
 }
 
 ETKIT_AVX2 inline __m256i integer_tap_avx2(__m256i q, const AxisInteger256& axis) {
   const __m256i even = _mm256_add_epi64(_mm256_mul_epi32(q, axis.multiplier), axis.constant);
   const __m256i odd = _mm256_add_epi64(
       _mm256_mul_epi32(_mm256_srli_epi64(q, 32), axis.multiplier), axis.constant);
-  const __m256i taps = _mm256_blend_epi32(_mm256_srl_epi64(even, axis.even_shift),
-                                          _mm256_sll_epi64(odd, axis.odd_shift), 0xAA);
+  const __m256i taps = _mm256_blend_epi32(_mm256_srlv_epi64(even, axis.even_shift),
+                                          _mm256_sllv_epi64(odd, axis.odd_shift), 0xAA);
   return _mm256_min_epi32(_mm256_max_epi32(taps, axis.low), axis.high);
+}
+
+struct AxisSplit256 {
+  __m256i high_multiplier, low_multiplier, high_constant, low_constant, low, high;
+  __m256i shift;
+};
+
+ETKIT_AVX2 inline AxisSplit256 axis_split_registers_avx2(const AxisSplit& a, int half) {
+  const int up = 16 * half;
+  return {_mm256_set1_epi32(static_cast<int32_t>((static_cast<uint32_t>(a.high_multiplier) & 0xFFFF) << up)),
+          _mm256_set1_epi32(static_cast<int32_t>((static_cast<uint32_t>(a.low_multiplier) & 0xFFFF) << up)),
+          _mm256_set1_epi32(a.high_constant),
+          _mm256_set1_epi32(a.low_constant),
+          _mm256_set1_epi32(a.low),
+          _mm256_set1_epi32(a.high),
+          _mm256_set1_epi32(a.shift)};
+}
+
+ETKIT_AVX2 inline __m256i split_tap_avx2(__m256i xy, const AxisSplit256& a) {
+  const __m256i high = _mm256_add_epi32(_mm256_madd_epi16(xy, a.high_multiplier), a.high_constant);
+  const __m256i low = _mm256_add_epi32(_mm256_madd_epi16(xy, a.low_multiplier), a.low_constant);
+  const __m256i taps = _mm256_add_epi32(high, _mm256_srav_epi32(low, a.shift));
+  return _mm256_min_epi32(_mm256_max_epi32(taps, a.low), a.high);
 }
 
 struct RequantRegisters {
