@@ -19,8 +19,10 @@ done
 
 say() { printf '[setup] %s\n' "$*"; }
 
-# 1. System packages: the Vulkan loader, Mesa's lavapipe driver, vulkaninfo, glslang, a C++ toolchain.
-apt_packages=(libvulkan1 mesa-vulkan-drivers vulkan-tools glslang-tools g++ cmake make)
+# 1. System packages: the Vulkan loader, Mesa's lavapipe driver, vulkaninfo, glslang, a C++ toolchain,
+#    and the AArch64 cross compiler and qemu-user that build and run the NEON kernel's tests.
+apt_packages=(libvulkan1 mesa-vulkan-drivers vulkan-tools glslang-tools g++ cmake make
+  g++-aarch64-linux-gnu qemu-user)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -121,7 +121,7 @@ extern "C" int etkit_gridsampler_grid_sample_q(
   using etkit::gridsampler::Isa;
   const char* unread = nullptr;
   error = error != nullptr ? error : &unread;
-  if (isa < 0 || isa > 3 || !etkit::gridsampler::cpu_supports(static_cast<Isa>(isa))) {
+  if (isa < 0 || isa > 4 || !etkit::gridsampler::cpu_supports(static_cast<Isa>(isa))) {
     *error = "this CPU does not support the requested instruction set";
     return 1;
   }
@@ -150,6 +150,13 @@ extern "C" int etkit_gridsampler_default_num_threads() {
 
 extern "C" int etkit_gridsampler_best_isa() {
   return static_cast<int>(etkit::gridsampler::best_isa());
+}
+
+extern "C" int etkit_gridsampler_cpu_supports(int isa) {
+  return isa >= 0 && isa <= 4 &&
+                 etkit::gridsampler::cpu_supports(static_cast<etkit::gridsampler::Isa>(isa))
+             ? 1
+             : 0;
 }
 
 extern "C" int etkit_gridsampler_plan(int mode, int padding, int align_corners,

@@ -48,9 +48,13 @@ int etkit_gridsampler_grid_sample_q(const int8_t* image, const int64_t* image_si
 int etkit_gridsampler_default_num_threads();
 
 // The instruction sets of the integer CPU kernel: 0 = auto (the best this CPU has), 1 = scalar,
-// 2 = AVX2, 3 = AVX-512 (F, BW, DQ, VL, VBMI, VNNI). All compute the same bits. Returns the
-// best one this CPU supports (1, 2 or 3).
+// 2 = AVX2, 3 = AVX-512 (F, BW, DQ, VL, VBMI, VNNI), 4 = NEON (AArch64 Advanced SIMD). All
+// compute the same bits. Returns the best one this CPU supports (1, 2 or 3 on x86, 4 on AArch64,
+// 1 elsewhere).
 int etkit_gridsampler_best_isa();
+
+// 1 if this CPU (and this build) can run instruction set `isa` (the codes above), else 0.
+int etkit_gridsampler_cpu_supports(int isa);
 
 // The derived constants of the integer contract, for the Vulkan kernel's push constants:
 // plan[0..15] = x.multiplier, x.shift, x.offset, x.size, y.multiplier, y.shift, y.offset, y.size,

@@ -3,6 +3,15 @@
 #include "quantized_x86.h"
 #include "quantized_steps.h"
 
+// The vectorized kernels of each architecture (quantized_x86*.cpp and quantized_neon.cpp compile
+// to stubs or nothing elsewhere).
+#if defined(__x86_64__) || defined(__i386__)
+#define ETKIT_X86_BUILD 1
+#endif
+#if defined(__aarch64__)
+#include "quantized_neon.h"
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -113,17 +122,33 @@ bool cpu_supports(Isa isa) {
     case Isa::kAuto:
     case Isa::kScalar:
       return true;
+#ifdef ETKIT_X86_BUILD
     case Isa::kAvx2:
       return avx2_supported();
     case Isa::kAvx512:
       return avx512_supported();
+#else
+    case Isa::kAvx2:
+    case Isa::kAvx512:
+      return false;
+#endif
+    case Isa::kNeon:
+#if defined(__aarch64__)
+      return true;  // Advanced SIMD is part of every AArch64 CPU
+#else
+      return false;
+#endif
   }
   return false;
 }
 
 Isa best_isa() {
+#if defined(__aarch64__)
+  return Isa::kNeon;
+#else
   return cpu_supports(Isa::kAvx512) ? Isa::kAvx512
                                     : (cpu_supports(Isa::kAvx2) ? Isa::kAvx2 : Isa::kScalar);
+#endif
 }
 
 template <typename GridT, typename OutT>
@@ -158,6 +183,14 @@ template <typename GridT, typename OutT>
 void grid_sample_quantized(const View4<const int8_t>& image, const View4<const GridT>& grid,
                            const View4<OutT>& output, const QuantizedPlan& plan,
                            int64_t row_begin, int64_t row_end, Isa isa) {
+#if defined(__aarch64__)
+  // NEON where it applies; the scalar kernel elsewhere.
+  if (isa != Isa::kScalar && neon_kernel_applies(image, output, plan)) {
+    grid_sample_quantized_neon(image, grid, output, plan, row_begin, row_end);
+    return;
+  }
+#endif
+#ifdef ETKIT_X86_BUILD
   // The vectorized kernel where it applies (it checks the CPU); the scalar kernel elsewhere.
   if (isa != Isa::kScalar && x86_kernel_applies(image, output, plan)) {
     grid_sample_quantized_x86(image, grid, output, plan, row_begin, row_end,
@@ -175,6 +208,7 @@ void grid_sample_quantized(const View4<const int8_t>& image, const View4<const G
       }
     }
   }
+#endif
   grid_sample_quantized_scalar(image, grid, output, plan, row_begin, row_end);
 }
 

@@ -53,8 +53,9 @@ const char* plan_quantized(const SampleParams& params, const QuantParams& image,
 
 // The instruction sets the CPU kernel can use. Every one computes the same bits; kAuto picks the
 // best the CPU supports, and the vectorized kernel applies where its layout conditions hold
-// (quantized_x86.h), the scalar kernel elsewhere.
-enum class Isa : int { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3 };
+// (quantized_x86.h, quantized_neon.h), the scalar kernel elsewhere. kAvx2 and kAvx512 exist on
+// x86 builds, kNeon (AArch64's Advanced SIMD) on AArch64 builds.
+enum class Isa : int { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3, kNeon = 4 };
 
 // Whether this CPU can run `isa` (kAuto: always true).
 bool cpu_supports(Isa isa);

@@ -3,6 +3,8 @@ pythonpath)."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from etkit_gridsampler import GridSampleOp, QParams, cpu, reference, vulkan
@@ -66,3 +68,65 @@ def random_grid(
 
 def random_image(shape: tuple[int, int, int, int], generator: torch.Generator) -> torch.Tensor:
     return torch.randint(-128, 128, shape, dtype=torch.int8, generator=generator)
+
+
+# ---- the exhaustive cases of the vectorized kernels' tests (test_vectorized.py, x86, and
+# test_neon_qemu.py, AArch64 under qemu) ----
+
+
+def every_grid_value(dtype: torch.dtype, batch: int) -> torch.Tensor:
+    """batch x 256 x 256 x 2 (int16) or batch x 16 x 16 x 2 (int8): x takes every value of the
+    dtype once per image, y too, in an unrelated order."""
+    info = torch.iinfo(dtype)
+    values = torch.arange(info.min, info.max + 1, dtype=torch.int32)
+    side = 256 if dtype == torch.int16 else 16
+    grids = []
+    for n in range(batch):
+        order = torch.randperm(values.numel(), generator=torch.Generator().manual_seed(n))
+        grids.append(torch.stack((values, values[order]), -1).reshape(side, side, 2))
+    return torch.stack(grids).to(dtype)
+
+
+def near_image_grid(
+    shape: tuple[int, int, int], spread: float, generator: torch.Generator, dtype: torch.dtype
+) -> torch.Tensor:
+    """N x Ho x Wo x 2: most points inside the image, many near and past its edges, some at
+    exact pixel centres and halfway between them (rounding ties for nearest)."""
+    info = torch.iinfo(dtype)
+    values = torch.randn((*shape, 2), generator=generator) * spread * info.max
+    ties = torch.randint(-8, 9, (*shape, 2), generator=generator) * (info.max // 8)
+    values = torch.where(torch.rand((*shape, 1), generator=generator) < 0.25, ties, values)
+    return torch.clamp(torch.round(values), info.min, info.max).to(dtype)
+
+
+IMAGE_Q = [SNORM8, QParams(0.09375, 5, -128, 127, torch.int8)]
+GRID_Q = [
+    SNORM16,
+    QParams(1 / 1024, 0, -32768, 32767, torch.int16),  # far outside [-1, 1]
+    QParams(7.3e-5, -300, -32768, 32767, torch.int16),  # a zero point, an odd scale
+    QParams(1 / 127, 3, -128, 127, torch.int8),  # scalar coordinates, vector sampling
+    # 2^-16 (1 + 2^-23): on the 2-pixel image, step 1's rounding decides which tap dozens of
+    # grid values (d in [-128, -1]) land on
+    QParams(2**-16 * (1 + 2**-23), 0, -32768, 32767, torch.int16),
+]
+OUTPUT_Q = [
+    SNORM8,  # equal scales: the 32-bit requantization with multiplier 1
+    # a power-of-two ratio with an even zero point (AVX-512 folds it into the value)
+    QParams(1 / 254, -4, -128, 127, torch.int8),
+    # with the 0.09375 image, ratio 3 and an odd zero point: 32-bit lanes, multiplier 3
+    QParams(0.03125, 1, -128, 127, torch.int8),
+    QParams(0.011, -3, -128, 127, torch.int8),  # a general ratio: the 64-bit requantization
+    None,  # float32 output
+]
+COMBINATIONS = list(
+    itertools.product(["bilinear", "nearest"], ["zeros", "border", "reflection"], [False, True])
+)
+ONE_OF_EACH = [  # (image, grid, output) quantizations that reach each vector form between them
+    (IMAGE_Q[0], GRID_Q[0], OUTPUT_Q[0]),
+    (IMAGE_Q[1], GRID_Q[1], OUTPUT_Q[2]),
+    (IMAGE_Q[0], GRID_Q[2], OUTPUT_Q[3]),
+    (IMAGE_Q[1], GRID_Q[3], OUTPUT_Q[4]),
+    (IMAGE_Q[0], GRID_Q[4], OUTPUT_Q[1]),
+    (QParams(0.05, -128, -128, 127, torch.int8), GRID_Q[0], OUTPUT_Q[4]),  # zero point -128
+]
+CHANNELS = [1, 2, 3, 4, 5, 8, 16, 32]  # 5: AVX2 only (any count from 2), else scalar

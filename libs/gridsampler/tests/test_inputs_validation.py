@@ -291,9 +291,9 @@ CASES: dict[str, Case] = {
     ),
     # the other arguments
     "cpu, unknown isa": Case(
-        lambda: cpu.grid_sample(q_image(), q_grid(), Q_OP, isa="neon"),  # type: ignore[arg-type]
+        lambda: cpu.grid_sample(q_image(), q_grid(), Q_OP, isa="sse9"),  # type: ignore[arg-type]
         ValueError,
-        r"isa must be 'auto' or one of .* got 'neon'",
+        r"isa must be 'auto' or one of .* got 'sse9'",
     ),
     "cpu, num_threads a string": Case(
         lambda: cpu.grid_sample(q_image(), q_grid(), Q_OP, num_threads="4"),  # type: ignore[arg-type]

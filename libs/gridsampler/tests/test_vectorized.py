@@ -15,7 +15,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from gridsampler_cases import SNORM8, SNORM16, random_image
+from gridsampler_cases import (
+    CHANNELS,
+    COMBINATIONS,
+    GRID_Q,
+    IMAGE_Q,
+    ONE_OF_EACH,
+    OUTPUT_Q,
+    SNORM8,
+    SNORM16,
+    every_grid_value,
+    near_image_grid,
+    random_image,
+)
 
 from etkit_gridsampler import GridSampleOp, QParams, cpu
 
@@ -44,42 +56,8 @@ def test_unknown_or_missing_isa_is_refused() -> None:
     image = random_image((1, 4, 2, 2), torch.Generator().manual_seed(0))
     grid = torch.zeros(1, 1, 1, 2, dtype=torch.int16)
     op = GridSampleOp("bilinear", "zeros", False, SNORM8, SNORM16, SNORM8)
-    with pytest.raises(ValueError, match="isa must be 'auto' or one of"):
-        cpu.grid_sample(image, grid, op, isa="neon")  # type: ignore[arg-type]
-
-
-def every_grid_value(dtype: torch.dtype, batch: int) -> torch.Tensor:
-    """batch x 256 x 256 x 2 (int16) or batch x 16 x 16 x 2 (int8): x takes every value of the
-    dtype once per image, y too, in an unrelated order."""
-    info = torch.iinfo(dtype)
-    values = torch.arange(info.min, info.max + 1, dtype=torch.int32)
-    side = 256 if dtype == torch.int16 else 16
-    grids = []
-    for n in range(batch):
-        order = torch.randperm(values.numel(), generator=torch.Generator().manual_seed(n))
-        grids.append(torch.stack((values, values[order]), -1).reshape(side, side, 2))
-    return torch.stack(grids).to(dtype)
-
-
-IMAGE_Q = [SNORM8, QParams(0.09375, 5, -128, 127, torch.int8)]
-GRID_Q = [
-    SNORM16,
-    QParams(1 / 1024, 0, -32768, 32767, torch.int16),  # far outside [-1, 1]
-    QParams(7.3e-5, -300, -32768, 32767, torch.int16),  # a zero point, an odd scale
-    QParams(1 / 127, 3, -128, 127, torch.int8),  # scalar coordinates, vector sampling
-    # 2^-16 (1 + 2^-23): on the 2-pixel image, step 1's rounding decides which tap dozens of
-    # grid values (d in [-128, -1]) land on
-    QParams(2**-16 * (1 + 2**-23), 0, -32768, 32767, torch.int16),
-]
-OUTPUT_Q = [
-    SNORM8,  # equal scales: the 32-bit requantization with multiplier 1
-    # a power-of-two ratio with an even zero point (AVX-512 folds it into the value)
-    QParams(1 / 254, -4, -128, 127, torch.int8),
-    # with the 0.09375 image, ratio 3 and an odd zero point: 32-bit lanes, multiplier 3
-    QParams(0.03125, 1, -128, 127, torch.int8),
-    QParams(0.011, -3, -128, 127, torch.int8),  # a general ratio: the 64-bit requantization
-    None,  # float32 output
-]
+    with pytest.raises(ValueError, match=r"isa must be 'auto' or one of .* got 'sse9'"):
+        cpu.grid_sample(image, grid, op, isa="sse9")  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(not VECTOR_ISAS, reason="this CPU has no vectorized kernel")
@@ -143,19 +121,6 @@ def test_same_bits_as_scalar_where_coordinates_need_float64(isa: str, align_corn
         assert torch.equal(actual, expected), f"{isa}: {op}"
 
 
-COMBINATIONS = list(
-    itertools.product(["bilinear", "nearest"], ["zeros", "border", "reflection"], [False, True])
-)
-ONE_OF_EACH = [  # (image, grid, output) quantizations that reach each vector form between them
-    (IMAGE_Q[0], GRID_Q[0], OUTPUT_Q[0]),
-    (IMAGE_Q[1], GRID_Q[1], OUTPUT_Q[2]),
-    (IMAGE_Q[0], GRID_Q[2], OUTPUT_Q[3]),
-    (IMAGE_Q[1], GRID_Q[3], OUTPUT_Q[4]),
-    (IMAGE_Q[0], GRID_Q[4], OUTPUT_Q[1]),
-    (QParams(0.05, -128, -128, 127, torch.int8), GRID_Q[0], OUTPUT_Q[4]),  # zero point -128
-]
-
-
 @pytest.mark.skipif(not VECTOR_ISAS, reason="this CPU has no vectorized kernel")
 @pytest.mark.parametrize(("mode", "padding", "align_corners"), COMBINATIONS)
 def test_every_mode_same_bits_as_scalar_over_every_grid_value(
@@ -179,21 +144,6 @@ def test_every_mode_same_bits_as_scalar_over_every_grid_value(
             for isa in VECTOR_ISAS:
                 actual = cpu.grid_sample(image, grid, op, isa=isa)  # type: ignore[arg-type]
                 assert torch.equal(actual, expected), f"{isa}: {op}, {tuple(image.shape)}"
-
-
-def near_image_grid(
-    shape: tuple[int, int, int], spread: float, generator: torch.Generator, dtype: torch.dtype
-) -> torch.Tensor:
-    """N x Ho x Wo x 2: most points inside the image, many near and past its edges, some at
-    exact pixel centres and halfway between them (rounding ties for nearest)."""
-    info = torch.iinfo(dtype)
-    values = torch.randn((*shape, 2), generator=generator) * spread * info.max
-    ties = torch.randint(-8, 9, (*shape, 2), generator=generator) * (info.max // 8)
-    values = torch.where(torch.rand((*shape, 1), generator=generator) < 0.25, ties, values)
-    return torch.clamp(torch.round(values), info.min, info.max).to(dtype)
-
-
-CHANNELS = [1, 2, 3, 4, 5, 8, 16, 32]  # 5: AVX2 only (any count from 2), else scalar
 
 
 @pytest.mark.skipif(not VECTOR_ISAS, reason="this CPU has no vectorized kernel")

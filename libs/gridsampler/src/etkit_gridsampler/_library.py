@@ -61,6 +61,8 @@ def native_library() -> ctypes.CDLL:
     ]  # fmt: skip
     library.etkit_gridsampler_best_isa.restype = ctypes.c_int
     library.etkit_gridsampler_best_isa.argtypes = []
+    library.etkit_gridsampler_cpu_supports.restype = ctypes.c_int
+    library.etkit_gridsampler_cpu_supports.argtypes = [ctypes.c_int]
     library.etkit_gridsampler_default_num_threads.restype = ctypes.c_int
     library.etkit_gridsampler_default_num_threads.argtypes = []
     library.etkit_gridsampler_plan.restype = ctypes.c_int

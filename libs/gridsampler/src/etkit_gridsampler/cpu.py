@@ -14,25 +14,37 @@ from etkit_gridsampler._library import native_library
 from etkit_gridsampler.op import MODE_CODES, PADDING_CODES, GridSampleOp
 from etkit_gridsampler.plan import UnsupportedOpError, c_qparams, unsupported_reason
 
-Isa = Literal["auto", "scalar", "avx2", "avx512"]
+Isa = Literal["auto", "scalar", "avx2", "avx512", "neon"]
 # The C API's codes (etkit_gridsampler_best_isa); every instruction set computes the same bits.
-_ISA_CODES: dict[str, int] = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
+_ISA_CODES: dict[str, int] = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3, "neon": 4}
+# Which CPUs have each vectorized kernel, for the message that refuses one this CPU lacks.
+_ISA_HOMES: dict[str, str] = {
+    "avx2": "x86-64 CPUs with AVX2 and FMA",
+    "avx512": "x86-64 CPUs with AVX-512 F, BW, DQ, VL, VBMI and VNNI",
+    "neon": "AArch64 CPUs (Advanced SIMD)",
+}
 # num_threads travels as a C int; far more threads than CPUs only costs.
 _MAX_THREADS = 4096
 
 
 @cache
 def available_isas() -> tuple[str, ...]:
-    """The instruction sets the integer kernel can use on this CPU, best last: a prefix of
-    ``("scalar", "avx2", "avx512")`` ("avx512": F, BW, DQ, VL, VBMI and VNNI). AVX-512 serves
-    both modes, every padding, planar (NCHW, or one channel) images of any channel count and
-    channels-last images of 2, 3, 4, 8 or a multiple of 16 channels, each into an output of its
-    image's layout; AVX2 the same, and bilinear channels-last images of any channel count from
-    2 (only nearest sampling keeps to those counts). Other configurations (an image zero point
-    outside int8, sides of 2^15 pixels or more, bilinear images 1 pixel wide) run the scalar
+    """The instruction sets the integer kernel can use on this CPU, best last: on x86-64 a prefix
+    of ``("scalar", "avx2", "avx512")`` ("avx512": F, BW, DQ, VL, VBMI and VNNI), on AArch64
+    ``("scalar", "neon")``, elsewhere ``("scalar",)``. AVX-512 serves both modes, every padding,
+    planar (NCHW, or one channel) images of any channel count and channels-last images of 2, 3,
+    4, 8 or a multiple of 16 channels, each into an output of its image's layout; AVX2 the same,
+    and bilinear channels-last images of any channel count from 2 (only nearest sampling keeps
+    to those counts); NEON every mode, padding, channel count and layout. Other configurations
+    (sides of 2^15 pixels or more; on x86 also bilinear images 1 pixel wide, and channels-last
+    ones 1 pixel high) run the scalar
     kernel, whatever ``isa`` says; every kernel computes the same bits."""
-    best = native_library().etkit_gridsampler_best_isa()
-    return tuple(name for name, code in _ISA_CODES.items() if 0 < code <= best)
+    library = native_library()
+    return tuple(
+        name
+        for name, code in _ISA_CODES.items()
+        if code > 0 and library.etkit_gridsampler_cpu_supports(code)
+    )
 
 
 def _int64_array(values: tuple[int, ...] | torch.Size) -> ctypes.Array[ctypes.c_int64]:
@@ -240,8 +252,11 @@ def grid_sample(
             f"count up to {_MAX_THREADS}, got {num_threads}"
         )
     if isa not in _ISA_CODES or (isa != "auto" and isa not in available_isas()):
+        why = (
+            f" (not available on this CPU: {_ISA_HOMES[isa]} have it)" if isa in _ISA_HOMES else ""
+        )
         raise ValueError(
-            f"isa must be 'auto' or one of {available_isas()} on this CPU, got {isa!r}"
+            f"isa must be 'auto' or one of {available_isas()} on this CPU, got {isa!r}{why}"
         )
     # A negated view (neg bit) keeps its data un-negated in memory: the kernel reads memory.
     image, grid = image.resolve_neg(), grid.resolve_neg()

@@ -1,0 +1,1626 @@
+// The vectorized AArch64 kernel of the integer contract (quantized_neon.h): Advanced SIMD, sixteen
+// output pixels at a time, every step giving the bits of the scalar steps (quantized_steps.h); the
+// comments say why each rewrite is exact.
+//
+// Each block of up to 256 output pixels (an output row, or several: rows that follow each other in
+// the grid and in the output are one run, and small outputs run across batch elements) takes two
+// passes:
+//
+// 1. Steps 1 to 3 of each axis, which do not depend on the channels: Q = round(P / 2^17) for
+//    bilinear (x0 = Q >> 15, wx = Q & 0x7fff, as scalar_tap), the pixel index for nearest.
+//    Int16 grids take the integer form (bilinear, zeros and border: one 32 x 32-bit product), the
+//    nearest integer form (nearest, zeros and border) or the exact 64-bit form (any mode and
+//    padding, reflection included), four grid values at a time; int8 grids read a table of the
+//    scalar steps' result for each of the 256 grid values. (The exact form applies wherever the
+//    grid's zero point lies within int16; configurations where it does not run the scalar
+//    kernel.)
+// 2. Per group of sixteen pixels: the taps, steps 4 and 5 and the stores. AArch64 has no gathers,
+//    so each pixel's taps are copied into a staging buffer (its two rows as two slots of adjacent
+//    taps; a tap outside the image reads the image zero point, so v = q - zero = 0 as the scalar
+//    steps' zero weight gives), and the lanes are then de-interleaved by structure loads:
+//    - planar images (NCHW, or one channel) and channels-last images of 2, 3 and 4 channels:
+//      lanes are pixels, one channel at a time (the weights are those of the pixels, for every
+//      channel), and the stores interleave the channels again (st2, st3, st4);
+//    - 8 and multiples of 16 channels (channels-last): lanes are channels, one pixel at a time, the
+//      pixel's weights broadcast from lanes;
+//    - any other layout (channels-last images of 5, 6, 7, 9 .. 15 channels, ...): lanes are
+//      pixels, one channel at a time, each tap read on its own and the outputs stored one by one;
+//    - nearest, every layout: the source pixel's bytes (the image zero point where it is outside
+//      the image) in output order, then step 5 as a 256-entry table of the scalar requantization
+//      of each int8 value (tbl), or the float32 product.
+//    Step 4 is exact in 16-bit products (see Taps), step 5 the halves-to-even shift of the
+//    scalar requantize in 32-bit lanes where the multiplier is small, else in 64-bit lanes.
+#include "quantized_neon.h"
+
+#if defined(__aarch64__)
+
+#include <arm_neon.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "quantized_steps.h"
+
+namespace etkit::gridsampler {
+
+namespace {
+
+std::atomic<uint64_t> g_counters[kNeonCounterCount];
+
+// The vector helpers are inlined into the blocks' loops, whatever the optimization level.
+#define ETKIT_INLINE __attribute__((always_inline))
+
+constexpr int64_t kRun = 256;  // pixels per block (pass 1)
+constexpr int kGroup = 16;     // pixels per group (pass 2)
+
+// ---- pass 1: the plans of each form (derived once per call) ----
+
+// Q = round(P / 2^17) (halves up) of a coordinate clamped to [-2, size] pixels: x0 = Q >> 15,
+// w = Q & 0x7fff. Where the scalar weight is 2^15 (the upper tap alone), Q names the upper tap with
+// weight 0: the same value; and a coordinate clamped at -2 or size pixels has both taps outside
+// the image either way (the value is 0).
+inline int32_t scalar_tap(int64_t coord, int64_t size) {
+  const int64_t clamped = std::min(std::max(coord, -2 * steps::kOne), size * steps::kOne);
+  return static_cast<int32_t>(steps::shift_round(clamped, 17));
+}
+
+// The nearest pixel index, the coordinate clamped to [-2, size + 1] pixels first: outside stays
+// outside, and the index fits 32 bits.
+inline int32_t nearest_index(int64_t coord, int64_t size) {
+  const int64_t clamped = std::min(std::max(coord, -2 * steps::kOne), (size + 1) * steps::kOne);
+  return static_cast<int32_t>(steps::round_half_even(clamped));
+}
+
+// The integer form of Q for an int16 grid with zeros or border padding (quantized_x86_common.h's
+// AxisInteger derives it): Q = clamp(floor((q * M + C) / 2^S), low, high), M < 2^31, S <= 32, Q
+// within 2^30.
+struct AxisInteger {
+  bool applies;
+  int32_t multiplier;
+  int64_t constant;
+  int shift;
+  int32_t low, high;
+};
+
+AxisInteger plan_axis_integer(const AxisPlan& axis, int64_t grid_zero_point, Padding padding) {
+  AxisInteger integer{};
+  if (padding == Padding::kReflection || axis.multiplier <= 0 || axis.shift < -16 ||
+      axis.shift > 40) {
+    return integer;
+  }
+  // F = floor(P / 2^16) = floor((d * M + R) / 2^K) + offset / 2^16 with K = s + 16, d = q - zero,
+  // R = 2^(s-1) (0 when s <= 0); Q = floor((F + 1) / 2) = floor((q * M + C) / 2^(K+1)) with
+  // C = R - zero * M + (offset / 2^16 + 1) * 2^K. Halving M, C (floor) and the shift together
+  // while M is even leaves Q unchanged (q * M is an integer).
+  const int64_t k = axis.shift + 16;
+  __int128 multiplier = axis.multiplier;
+  __int128 constant = (axis.shift > 0 ? (static_cast<__int128>(1) << (axis.shift - 1)) : 0) +
+                      ((static_cast<__int128>(axis.offset >> 16) + 1) << k) -
+                      static_cast<__int128>(grid_zero_point) * multiplier;
+  int64_t shift = k + 1;
+  while (shift > 0 && (multiplier & 1) == 0) {
+    multiplier >>= 1;
+    constant >>= 1;
+    --shift;
+  }
+  const __int128 extreme = 32768 * multiplier + (constant < 0 ? -constant : constant);
+  if (multiplier >= (static_cast<__int128>(1) << 31) || shift > 32 || shift < 1 ||
+      extreme >= (static_cast<__int128>(1) << 62) ||
+      (extreme >> shift) >= (static_cast<__int128>(1) << 30)) {
+    return integer;
+  }
+  integer.applies = true;
+  integer.multiplier = static_cast<int32_t>(multiplier);
+  integer.constant = static_cast<int64_t>(constant);
+  integer.shift = static_cast<int>(shift);
+  // F clamped to [0, (size - 1) * 2^16] (border) or [-2^17, size * 2^16] (zeros: both taps of
+  // the axis outside), and F -> floor((F + 1) / 2) is monotone with even bounds.
+  const bool border = padding == Padding::kBorder;
+  integer.low = border ? 0 : -65536;
+  integer.high = static_cast<int32_t>((border ? axis.size - 1 : axis.size) * 32768);
+  return integer;
+}
+
+// The nearest index of an int16 grid with zeros or border padding, exactly (quantized_x86_common.h's
+// AxisNearest derives it): X = q * M + C, the index rounded half up is floor(X / 2^S), and P is a
+// tie exactly when X mod 2^S < tie_limit, where halves to even take the index below when the one
+// above is odd; then the padding's clamp of the index.
+struct AxisNearest {
+  bool applies;
+  int32_t multiplier;
+  int64_t constant;
+  int shift;
+  int64_t tie_limit;
+  int32_t low, high;
+};
+
+AxisNearest plan_axis_nearest(const AxisPlan& axis, int64_t grid_zero_point, Padding padding) {
+  AxisNearest nearest{};
+  if (padding == Padding::kReflection || axis.multiplier < 0 || axis.shift > 62 ||
+      axis.shift < -30) {
+    return nearest;
+  }
+  __int128 multiplier = axis.multiplier;
+  int64_t s = axis.shift;
+  if (s < 0) {
+    multiplier <<= -s;
+    s = 0;
+  }
+  // G = P + 2^31 = floor((q * M + C) / 2^s), offset + 2^31 = size * 2^31
+  const __int128 g_offset = static_cast<__int128>(axis.size) << 31;
+  __int128 constant = (s > 0 ? (static_cast<__int128>(1) << (s - 1)) : 0) -
+                      static_cast<__int128>(grid_zero_point) * multiplier + (g_offset << s);
+  int64_t shift = s + 32;
+  while (multiplier > 0 && (multiplier & 1) == 0) {
+    if (s == 0 && (constant & 1) != 0) {
+      break;
+    }
+    multiplier >>= 1;
+    constant >>= 1;
+    --shift;
+    s = s > 0 ? s - 1 : 0;
+  }
+  const __int128 extreme = 32768 * multiplier + (constant < 0 ? -constant : constant);
+  if (multiplier >= (static_cast<__int128>(1) << 31) || shift > 62 || shift < 1 ||
+      extreme >= (static_cast<__int128>(1) << 62) || axis.size >= (int64_t(1) << 15)) {
+    return nearest;
+  }
+  nearest.applies = true;
+  nearest.multiplier = static_cast<int32_t>(multiplier);
+  nearest.constant = static_cast<int64_t>(constant);
+  nearest.shift = static_cast<int>(shift);
+  nearest.tie_limit = int64_t(1) << s;
+  const bool border = padding == Padding::kBorder;
+  nearest.low = border ? 0 : -2;
+  nearest.high = static_cast<int32_t>(border ? axis.size - 1 : axis.size + 1);
+  return nearest;
+}
+
+// Steps 1 and 2 exactly in 64-bit lanes, any padding. Step 1's product d * multiplier (d = q -
+// zero within 32 bits, the product below 2^62) is formed from two 32 x 32-bit products: with
+// multiplier = mh * 2^32 + ml, ml read as a signed 32-bit lo = ml - 2^32 * [ml >= 2^31], it is
+// d * lo + (d * (mh + [ml >= 2^31])) * 2^32, summed modulo 2^64 (exact: the product is below
+// 2^63). The shift is one rounding shift (a left shift where shift <= 0): shift_round. Reflection
+// folds A = |P - low| over 2 * span, a multiple of 2^32: A mod (K * 2^32) =
+// (floor(A / 2^32) mod K) * 2^32 + (A mod 2^32) with K = 2 * span / 2^32, and floor(A / 2^32) <
+// 2^25, so the quotient by K comes from one float64 product, off by at most one and corrected.
+// The clamp after the padding is the scalar clip (border, reflection), or for zeros [-2, size]
+// pixels (bilinear) and [-2, size + 1] (nearest), where every tap that was outside stays outside.
+struct AxisExact {
+  bool applies;
+  int32_t multiplier_low, multiplier_high, zero;
+  int64_t shift;  // the rounding shift's count: -shift (left where positive)
+  int64_t offset;
+  bool reflect;
+  int64_t reflect_low, span;
+  uint32_t period;  // K
+  double inverse_period;
+  int64_t low, high;
+};
+
+AxisExact plan_axis_exact(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
+                          bool align_corners, bool nearest) {
+  AxisExact exact{};
+  const int64_t one = steps::kOne;
+  const __int128 max_d =
+      std::max(std::llabs(-32768 - grid_zero_point), std::llabs(32767 - grid_zero_point));
+  const __int128 limit = static_cast<__int128>(1) << 62;
+  if (axis.multiplier < 0 || axis.shift > 62 || axis.shift < -62 ||
+      max_d >= (static_cast<__int128>(1) << 31) || max_d * axis.multiplier >= limit ||
+      (axis.shift < 0 && (max_d * axis.multiplier) >= (limit >> -axis.shift)) ||
+      axis.size >= (int64_t(1) << 15)) {
+    return exact;
+  }
+  exact.applies = true;
+  const uint64_t multiplier = static_cast<uint64_t>(axis.multiplier);
+  const uint32_t ml = static_cast<uint32_t>(multiplier & 0xffffffffu);
+  exact.multiplier_low = static_cast<int32_t>(ml);
+  exact.multiplier_high = static_cast<int32_t>((multiplier >> 32) + (ml >> 31));
+  exact.zero = static_cast<int32_t>(grid_zero_point);
+  exact.shift = -axis.shift;
+  exact.offset = axis.offset;
+  const int64_t size = axis.size;
+  exact.low = 0;
+  exact.high = (size - 1) * one;
+  if (padding == Padding::kZeros) {
+    exact.low = -2 * one;
+    exact.high = (nearest ? size + 1 : size) * one;
+  } else if (padding == Padding::kReflection && !(align_corners && size == 1)) {
+    // (align_corners with one pixel: the scalar steps give 0, as the clip to [0, 0] does)
+    exact.reflect = true;
+    exact.reflect_low = align_corners ? 0 : -one / 2;
+    exact.span = (align_corners ? size - 1 : size) * one;
+    exact.period = static_cast<uint32_t>(2 * (align_corners ? size - 1 : size));
+    exact.inverse_period = 1.0 / static_cast<double>(exact.period);
+  }
+  return exact;
+}
+
+// The requantization multiplier and shift reduced to M = m * 2^t, k - t, when m < 2^8 and
+// k - t <= 24 (equal image and output scales: m = 1, k - t = 15): then |value * m| + 2^(k-t-1)
+// < 255 * 2^15 * 255 + 2^23 < 2^31 and step 5 stays in 32-bit lanes.
+struct NarrowRequant {
+  bool applies;
+  int32_t multiplier;
+  int32_t shift;
+};
+
+NarrowRequant narrow_requant(int64_t multiplier, int64_t shift) {
+  while (multiplier > 0 && (multiplier & 1) == 0 && shift > 1) {
+    multiplier >>= 1;
+    --shift;
+  }
+  return {multiplier > 0 && multiplier < 256 && shift <= 24, static_cast<int32_t>(multiplier),
+          static_cast<int32_t>(shift)};
+}
+
+// How the second pass reads the image.
+enum class Kind {
+  kPlanar,    // bilinear, image x stride 1 (NCHW, or one channel): lanes are pixels, per plane
+  kStrided,   // bilinear, any other layout: lanes are pixels, per channel, taps read one by one
+  kPixels2,   // bilinear, 2 channels-last: lanes are pixels, per channel
+  kPixels3,   // 3 channels-last
+  kPixels4,   // 4 channels-last
+  kEights,    // bilinear, 8 channels-last: lanes are channels, per pixel
+  kSixteens,  // bilinear, channels-last, a multiple of 16 channels
+  kNearPlanar,
+  kNearStrided,
+  kNear2,
+  kNear3,
+  kNear4,
+  kNear8,
+  kNear16,  // a multiple of 16
+};
+
+enum class Form { kInteger, kNearest, kExact, kTable };
+
+// Everything both passes need, derived once per call.
+struct Setup {
+  Kind kind;
+  Form form;
+  bool nearest;
+  bool pairs;  // the grid is (x, y) pairs, one after the other
+  AxisInteger integer_x, integer_y;
+  AxisNearest nearest_x, nearest_y;
+  AxisExact exact_x, exact_y;
+  alignas(16) int32_t table_x[256];  // int8 grids: the pass 1 result of each grid value
+  alignas(16) int32_t table_y[256];
+  int32_t width, height, channels;
+  int64_t stride_c, stride_y, stride_x;  // image, bytes
+  int8_t image_zero;
+  // step 5
+  NarrowRequant narrow;
+  int64_t wide_multiplier, wide_shift;
+  int32_t output_zero;
+  int8_t output_min, output_max;
+  float float_scale;
+  bool identity_table;                    // nearest: each value maps to itself
+  alignas(16) uint8_t output_table[256];  // nearest: the int8 output of each raw value (as uint8)
+};
+
+// Pass 1's result for a block, and each pixel's image plane.
+struct Coords {
+  alignas(16) int32_t x[kRun];
+  alignas(16) int32_t y[kRun];
+  alignas(16) int64_t plane[kRun];  // bytes from the image's start to the pixel's batch element
+};
+
+// ---- pass 1 ----
+
+// Eight grid values of each axis (int32 lanes), from `grid` (pixel 0 of the eight); `left` pixels
+// are there (the others read 0).
+struct Grid8 {
+  int32x4_t x0, x1, y0, y1;
+};
+
+template <typename GridT>
+ETKIT_INLINE inline Grid8 load_grid8(const GridT* grid, int64_t grid_x, int64_t grid_axis,
+                                     bool pairs, int64_t left) {
+  if constexpr (std::is_same_v<GridT, int16_t>) {
+    if (pairs && left >= 8) {
+      const int16x8x2_t xy = vld2q_s16(grid);
+      return {vmovl_s16(vget_low_s16(xy.val[0])), vmovl_high_s16(xy.val[0]),
+              vmovl_s16(vget_low_s16(xy.val[1])), vmovl_high_s16(xy.val[1])};
+    }
+  }
+  alignas(16) int32_t tx[8] = {}, ty[8] = {};
+  for (int64_t k = 0; k < std::min<int64_t>(8, left); ++k) {
+    tx[k] = grid[k * grid_x];
+    ty[k] = grid[k * grid_x + grid_axis];
+  }
+  return {vld1q_s32(tx), vld1q_s32(tx + 4), vld1q_s32(ty), vld1q_s32(ty + 4)};
+}
+
+struct IntegerRegisters {
+  int32x4_t multiplier;
+  int64x2_t constant, shift;  // shift: -S
+  int32x4_t low, high;
+};
+
+IntegerRegisters integer_registers(const AxisInteger& a) {
+  return {vdupq_n_s32(a.multiplier), vdupq_n_s64(a.constant), vdupq_n_s64(-a.shift),
+          vdupq_n_s32(a.low), vdupq_n_s32(a.high)};
+}
+
+// Q of four grid values: an arithmetic shift is the floor; Q fits 31 bits, so the narrowing
+// keeps it.
+ETKIT_INLINE inline int32x4_t integer_tap(int32x4_t q, const IntegerRegisters& a) {
+  const int64x2_t lo =
+      vshlq_s64(vmlal_s32(a.constant, vget_low_s32(q), vget_low_s32(a.multiplier)), a.shift);
+  const int64x2_t hi = vshlq_s64(vmlal_high_s32(a.constant, q, a.multiplier), a.shift);
+  return vminq_s32(vmaxq_s32(vmovn_high_s64(vmovn_s64(lo), hi), a.low), a.high);
+}
+
+struct NearestRegisters {
+  int32x4_t multiplier;
+  int64x2_t constant, shift, below_shift, tie_limit;
+  int32x4_t low, high;
+};
+
+NearestRegisters nearest_registers(const AxisNearest& a) {
+  return {vdupq_n_s32(a.multiplier),
+          vdupq_n_s64(a.constant),
+          vdupq_n_s64(-a.shift),
+          vdupq_n_s64(static_cast<int64_t>((uint64_t(1) << a.shift) - 1)),
+          vdupq_n_s64(a.tie_limit),
+          vdupq_n_s32(a.low),
+          vdupq_n_s32(a.high)};
+}
+
+ETKIT_INLINE inline int64x2_t nearest_index2(int64x2_t x, const NearestRegisters& a) {
+  const int64x2_t up = vshlq_s64(x, a.shift);
+  const uint64x2_t tie = vcltq_s64(vandq_s64(x, a.below_shift), a.tie_limit);
+  const int64x2_t odd = vandq_s64(up, vdupq_n_s64(1));
+  return vsubq_s64(up, vandq_s64(odd, vreinterpretq_s64_u64(tie)));
+}
+
+// The nearest indexes of four grid values; the index is within 2^25 (coordinates are below 2^24
+// pixels), so the narrowing keeps it.
+ETKIT_INLINE inline int32x4_t nearest_tap(int32x4_t q, const NearestRegisters& a) {
+  const int64x2_t lo =
+      nearest_index2(vmlal_s32(a.constant, vget_low_s32(q), vget_low_s32(a.multiplier)), a);
+  const int64x2_t hi = nearest_index2(vmlal_high_s32(a.constant, q, a.multiplier), a);
+  return vminq_s32(vmaxq_s32(vmovn_high_s64(vmovn_s64(lo), hi), a.low), a.high);
+}
+
+struct ExactRegisters {
+  int32x4_t multiplier_low, multiplier_high, zero;
+  int64x2_t shift, offset, low, high;
+  bool reflect;
+  int64x2_t reflect_low, span, double_span, period64;
+  uint32x2_t period;
+  float64x2_t inverse_period;
+};
+
+ExactRegisters exact_registers(const AxisExact& a) {
+  return {vdupq_n_s32(a.multiplier_low),
+          vdupq_n_s32(a.multiplier_high),
+          vdupq_n_s32(a.zero),
+          vdupq_n_s64(a.shift),
+          vdupq_n_s64(a.offset),
+          vdupq_n_s64(a.low),
+          vdupq_n_s64(a.high),
+          a.reflect,
+          vdupq_n_s64(a.reflect_low),
+          vdupq_n_s64(a.span),
+          vdupq_n_s64(2 * a.span),
+          vdupq_n_s64(static_cast<int64_t>(a.period)),
+          vdup_n_u32(a.period),
+          vdupq_n_f64(a.inverse_period)};
+}
+
+// Steps 1 and 2 (the padding and its clamp) of two grid values, from their products' parts.
+ETKIT_INLINE inline int64x2_t exact_coordinate2(int64x2_t low_product, int64x2_t high_product,
+                                   const ExactRegisters& a) {
+  const int64x2_t product = vaddq_s64(low_product, vshlq_n_s64(high_product, 32));
+  int64x2_t p = vaddq_s64(vrshlq_s64(product, a.shift), a.offset);
+  if (a.reflect) {
+    const int64x2_t distance = vabsq_s64(vsubq_s64(p, a.reflect_low));
+    const uint64x2_t whole = vshrq_n_u64(vreinterpretq_u64_s64(distance), 32);  // < 2^25
+    const uint64x2_t quotient =
+        vcvtq_u64_f64(vrndmq_f64(vmulq_f64(vcvtq_f64_u64(whole), a.inverse_period)));
+    int64x2_t rest =
+        vreinterpretq_s64_u64(vsubq_u64(whole, vmull_u32(vmovn_u64(quotient), a.period)));
+    rest = vaddq_s64(rest, vandq_s64(vreinterpretq_s64_u64(vcltzq_s64(rest)), a.period64));
+    rest = vsubq_s64(rest, vandq_s64(vreinterpretq_s64_u64(vcgeq_s64(rest, a.period64)),
+                                     a.period64));
+    int64x2_t folded = vorrq_s64(vshlq_n_s64(rest, 32),
+                                 vandq_s64(distance, vdupq_n_s64(0xffffffffLL)));
+    folded = vbslq_s64(vcgtq_s64(folded, a.span), vsubq_s64(a.double_span, folded), folded);
+    p = vaddq_s64(folded, a.reflect_low);
+  }
+  p = vbslq_s64(vcgtq_s64(p, a.high), a.high, p);
+  return vbslq_s64(vcltq_s64(p, a.low), a.low, p);
+}
+
+// Step 3 of two coordinates: Q (shift_round by 17, as scalar_tap) or the nearest index
+// (round_half_even: halves up, then a tie, fraction 2^31, back to the even index).
+template <bool kNearest>
+ETKIT_INLINE inline int64x2_t exact_step3(int64x2_t p) {
+  if constexpr (kNearest) {
+    const int64x2_t up = vrshrq_n_s64(p, 32);
+    const uint64x2_t tie =
+        vceqq_s64(vandq_s64(p, vdupq_n_s64(0xffffffffLL)), vdupq_n_s64(int64_t(1) << 31));
+    return vsubq_s64(up, vandq_s64(vandq_s64(up, vdupq_n_s64(1)), vreinterpretq_s64_u64(tie)));
+  } else {
+    return vrshrq_n_s64(p, 17);
+  }
+}
+
+template <bool kNearest>
+ETKIT_INLINE inline int32x4_t exact_tap(int32x4_t q, const ExactRegisters& a) {
+  const int32x4_t d = vsubq_s32(q, a.zero);
+  const int64x2_t lo = exact_coordinate2(
+      vmull_s32(vget_low_s32(d), vget_low_s32(a.multiplier_low)),
+      vmull_s32(vget_low_s32(d), vget_low_s32(a.multiplier_high)), a);
+  const int64x2_t hi = exact_coordinate2(vmull_high_s32(d, a.multiplier_low),
+                                         vmull_high_s32(d, a.multiplier_high), a);
+  return vmovn_high_s64(vmovn_s64(exact_step3<kNearest>(lo)), exact_step3<kNearest>(hi));
+}
+
+// Pass 1 for `count` pixels of a run (from `grid`): Q (bilinear) or the pixel index (nearest) of
+// each axis into out->x, out->y, and 0 for the lanes up to the next multiple of 16.
+template <typename GridT, Form kForm, bool kNearest>
+__attribute__((noinline)) void coordinates_block(const GridT* grid, int64_t grid_x,
+                                                 int64_t grid_axis, int64_t count, const Setup& s,
+                                                 Coords* out) {
+  const int64_t lanes = (count + kGroup - 1) / kGroup * kGroup;
+  if constexpr (kForm == Form::kTable) {
+    int64_t k = 0;
+    for (; k < count; ++k) {
+      const GridT* const point = grid + k * grid_x;
+      out->x[k] = s.table_x[point[0] + 128];
+      out->y[k] = s.table_y[point[grid_axis] + 128];
+    }
+    for (; k < lanes; ++k) {
+      out->x[k] = 0;
+      out->y[k] = 0;
+    }
+    return;
+  }
+  const IntegerRegisters integer_x = integer_registers(s.integer_x);
+  const IntegerRegisters integer_y = integer_registers(s.integer_y);
+  const NearestRegisters nearest_x = nearest_registers(s.nearest_x);
+  const NearestRegisters nearest_y = nearest_registers(s.nearest_y);
+  const ExactRegisters exact_x = exact_registers(s.exact_x);
+  const ExactRegisters exact_y = exact_registers(s.exact_y);
+  const auto tap = [&](int32x4_t q, bool y) ETKIT_INLINE {
+    if constexpr (kForm == Form::kInteger) {
+      return integer_tap(q, y ? integer_y : integer_x);
+    } else if constexpr (kForm == Form::kNearest) {
+      return nearest_tap(q, y ? nearest_y : nearest_x);
+    } else {
+      return exact_tap<kNearest>(q, y ? exact_y : exact_x);
+    }
+  };
+  for (int64_t i = 0; i < lanes; i += 8) {
+    const Grid8 g = load_grid8(grid + i * grid_x, grid_x, grid_axis, s.pairs, count - i);
+    vst1q_s32(out->x + i, tap(g.x0, false));
+    vst1q_s32(out->x + i + 4, tap(g.x1, false));
+    vst1q_s32(out->y + i, tap(g.y0, true));
+    vst1q_s32(out->y + i + 4, tap(g.y1, true));
+  }
+}
+
+template <typename GridT>
+void coordinates(const GridT* grid, int64_t grid_x, int64_t grid_axis, int64_t count,
+                 const Setup& s, Coords* out) {
+  switch (s.form) {
+    case Form::kTable:
+      coordinates_block<GridT, Form::kTable, false>(grid, grid_x, grid_axis, count, s, out);
+      return;
+    case Form::kInteger:
+      coordinates_block<GridT, Form::kInteger, false>(grid, grid_x, grid_axis, count, s, out);
+      return;
+    case Form::kNearest:
+      coordinates_block<GridT, Form::kNearest, true>(grid, grid_x, grid_axis, count, s, out);
+      return;
+    case Form::kExact:
+      if (s.nearest) {
+        coordinates_block<GridT, Form::kExact, true>(grid, grid_x, grid_axis, count, s, out);
+      } else {
+        coordinates_block<GridT, Form::kExact, false>(grid, grid_x, grid_axis, count, s, out);
+      }
+      return;
+  }
+}
+
+// ---- pass 2: shared pieces ----
+
+// One run of output pixels: what the second pass needs besides the block.
+struct Run {
+  const int8_t* image;        // the image's first element (Coords::plane is from here)
+  void* out;                  // the run's first output pixel (OutT)
+  int64_t output_c, output_x;  // output strides, elements
+};
+
+// Step 5's constants in registers.
+struct Finish {
+  bool narrow, unit;
+  int32x4_t narrow_multiplier, narrow_shift;  // m, -(k - t)
+  int32x4_t wide_multiplier;
+  int64x2_t wide_shift;  // -k
+  bool zero_point;       // the output zero point is not 0
+  int16x8_t output_zero;
+  int8x16_t output_min, output_max;
+  bool clamp;
+  float32x4_t float_scale;
+  int8x16_t image_zero;
+  bool identity_table;
+  uint8x16x4_t table[4];  // output_table, 64 entries each
+};
+
+Finish finish_registers(const Setup& s) {
+  Finish f;
+  f.narrow = s.narrow.applies;
+  f.unit = s.narrow.multiplier == 1;
+  f.narrow_multiplier = vdupq_n_s32(s.narrow.multiplier);
+  f.narrow_shift = vdupq_n_s32(-s.narrow.shift);
+  f.wide_multiplier = vdupq_n_s32(static_cast<int32_t>(s.wide_multiplier));
+  f.wide_shift = vdupq_n_s64(-s.wide_shift);
+  f.zero_point = s.output_zero != 0;
+  f.output_zero = vdupq_n_s16(static_cast<int16_t>(s.output_zero));
+  f.output_min = vdupq_n_s8(s.output_min);
+  f.output_max = vdupq_n_s8(s.output_max);
+  f.clamp = s.output_min > -128 || s.output_max < 127;
+  f.float_scale = vdupq_n_f32(s.float_scale);
+  f.image_zero = vdupq_n_s8(s.image_zero);
+  f.identity_table = s.identity_table;
+  for (int k = 0; k < 4; ++k) {
+    f.table[k] = vld1q_u8_x4(s.output_table + 64 * k);
+  }
+  return f;
+}
+
+// shift_round_half_even(x, k) = (x + 2^(k-1) - 1 + b) >> k with b = bit k of x: below the half the
+// sum stays below the next multiple of 2^k, above it passes it, and at the half it does when
+// x / 2^k is odd. That is the rounding shift (srshl: (y + 2^(k-1)) >> k) of y = x - (1 - b), and
+// 1 - b = ~(x >> k) & 1.
+ETKIT_INLINE inline int32x4_t round_half_even32(int32x4_t x, int32x4_t shift) {
+  const int32x4_t not_odd = vbicq_s32(vdupq_n_s32(1), vshlq_s32(x, shift));
+  return vrshlq_s32(vsubq_s32(x, not_odd), shift);
+}
+
+ETKIT_INLINE inline int64x2_t round_half_even64(int64x2_t x, int64x2_t shift) {
+  const int64x2_t not_odd = vbicq_s64(vdupq_n_s64(1), vshlq_s64(x, shift));
+  return vrshlq_s64(vsubq_s64(x, not_odd), shift);
+}
+
+// Step 5 for four values of step 4 (int8 output), without the output zero point: the product
+// value * M (|value| <= 255 * 2^15), shifted with halves to even; |q| <= 255 * 32.
+ETKIT_INLINE inline int32x4_t requantize4(int32x4_t value, const Finish& f) {
+  if (f.narrow) {
+    const int32x4_t x = f.unit ? value : vmulq_s32(value, f.narrow_multiplier);
+    return round_half_even32(x, f.narrow_shift);
+  }
+  const int64x2_t lo = round_half_even64(
+      vmull_s32(vget_low_s32(value), vget_low_s32(f.wide_multiplier)), f.wide_shift);
+  const int64x2_t hi = round_half_even64(vmull_high_s32(value, f.wide_multiplier), f.wide_shift);
+  return vmovn_high_s64(vmovn_s64(lo), hi);
+}
+
+// Requantized values to int8: plus the zero point, then the clamp. The saturations (to int16,
+// then int8) only move values that lie outside the output range (within int8) anyway.
+ETKIT_INLINE inline int16x8_t plus_zero_point(int32x4_t q0, int32x4_t q1, const Finish& f) {
+  const int16x8_t q = vqmovn_high_s32(vqmovn_s32(q0), q1);
+  return f.zero_point ? vqaddq_s16(q, f.output_zero) : q;
+}
+
+ETKIT_INLINE inline int8x8_t to_bytes8(int32x4_t v0, int32x4_t v1, const Finish& f) {
+  int8x8_t bytes = vqmovn_s16(plus_zero_point(requantize4(v0, f), requantize4(v1, f), f));
+  if (f.clamp) {
+    bytes = vmin_s8(vmax_s8(bytes, vget_low_s8(f.output_min)), vget_low_s8(f.output_max));
+  }
+  return bytes;
+}
+
+// Four values of step 4 (sixteen lanes).
+struct Values16 {
+  int32x4_t v0, v1, v2, v3;
+};
+
+ETKIT_INLINE inline int8x16_t to_bytes16(const Values16& v, const Finish& f) {
+  const int16x8_t a = plus_zero_point(requantize4(v.v0, f), requantize4(v.v1, f), f);
+  const int16x8_t b = plus_zero_point(requantize4(v.v2, f), requantize4(v.v3, f), f);
+  int8x16_t bytes = vqmovn_high_s16(vqmovn_s16(a), b);
+  if (f.clamp) {
+    bytes = vminq_s8(vmaxq_s8(bytes, f.output_min), f.output_max);
+  }
+  return bytes;
+}
+
+// to_output<float>: static_cast<float>(value) * scale (value below 2^24: exact).
+ETKIT_INLINE inline float32x4_t to_float(int32x4_t value, const Finish& f) {
+  return vmulq_f32(vcvtq_f32_s32(value), f.float_scale);
+}
+
+// Step 4, exactly, in 16-bit products. With the taps v = q - zero (0 outside the image),
+// a = v01 - v00, e = v10 - v00, b = v11 - v10 - v01 + v00, the scalar value
+// shift_round((top << 15) + (bottom - top) * wy, 15) is
+//   v00 * 2^15 + a * wx + e * wy + shift_round(b * wx * wy, 15)
+// since top << 15 + (bottom - top) * wy = 2^15 (v00 * 2^15 + a * wx + e * wy) + b * wx * wy; and
+// with wx * wy = h * 2^15 + l, shift_round(b * wx * wy, 15) = b * h + ((b * l + 2^14) >> 15), the
+// last term one rounding doubling multiply (sqrdmulh: (2 b l + 2^15) >> 16, no saturation as
+// |b| <= 510). |a|, |e| <= 255, the weights, h and l below 2^15: every factor fits 16 bits, every
+// sum 32 bits. a, e and b are differences of raw taps (the zero point cancels).
+struct Taps {
+  int16x8_t v00, a, e, b;
+};
+
+ETKIT_INLINE inline Taps taps_low(int8x16_t q00, int8x16_t q01, int8x16_t q10, int8x16_t q11,
+                     int8x16_t zero) {
+  const int16x8_t a = vsubl_s8(vget_low_s8(q01), vget_low_s8(q00));
+  return {vsubl_s8(vget_low_s8(q00), vget_low_s8(zero)), a,
+          vsubl_s8(vget_low_s8(q10), vget_low_s8(q00)),
+          vsubq_s16(vsubl_s8(vget_low_s8(q11), vget_low_s8(q10)), a)};
+}
+
+ETKIT_INLINE inline Taps taps_high(int8x16_t q00, int8x16_t q01, int8x16_t q10, int8x16_t q11,
+                      int8x16_t zero) {
+  const int16x8_t a = vsubl_high_s8(q01, q00);
+  return {vsubl_high_s8(q00, zero), a, vsubl_high_s8(q10, q00),
+          vsubq_s16(vsubl_high_s8(q11, q10), a)};
+}
+
+// The weights of eight lanes.
+struct Weights8 {
+  int16x8_t wx, wy, h, l;
+};
+
+// Eight lanes, weights per lane.
+ETKIT_INLINE inline void step4_lanes(const Taps& t, const Weights8& w, int32x4_t* low, int32x4_t* high) {
+  const int16x8_t cross = vqrdmulhq_s16(t.b, w.l);
+  int32x4_t lo = vshll_n_s16(vget_low_s16(t.v00), kWeightBits);
+  lo = vmlal_s16(lo, vget_low_s16(t.a), vget_low_s16(w.wx));
+  lo = vmlal_s16(lo, vget_low_s16(t.e), vget_low_s16(w.wy));
+  lo = vmlal_s16(lo, vget_low_s16(t.b), vget_low_s16(w.h));
+  *low = vaddw_s16(lo, vget_low_s16(cross));
+  int32x4_t hi = vshll_high_n_s16(t.v00, kWeightBits);
+  hi = vmlal_high_s16(hi, t.a, w.wx);
+  hi = vmlal_high_s16(hi, t.e, w.wy);
+  hi = vmlal_high_s16(hi, t.b, w.h);
+  *high = vaddw_high_s16(hi, cross);
+}
+
+// Sixteen pixels (lanes) of one channel.
+struct Weights16 {
+  Weights8 low, high;
+};
+
+ETKIT_INLINE inline Values16 step4_pixels(int8x16_t q00, int8x16_t q01, int8x16_t q10, int8x16_t q11,
+                             int8x16_t zero, const Weights16& w) {
+  Values16 v;
+  step4_lanes(taps_low(q00, q01, q10, q11, zero), w.low, &v.v0, &v.v1);
+  step4_lanes(taps_high(q00, q01, q10, q11, zero), w.high, &v.v2, &v.v3);
+  return v;
+}
+
+// Eight or sixteen channels (lanes) of one pixel, its weights broadcast.
+ETKIT_INLINE inline Weights8 broadcast(const int16_t* weights) {
+  const int16x4_t w = vld1_s16(weights);
+  return {vdupq_lane_s16(w, 0), vdupq_lane_s16(w, 1), vdupq_lane_s16(w, 2),
+          vdupq_lane_s16(w, 3)};
+}
+
+// The weights of sixteen pixels from their Q: wx, wy < 2^15 (the low halves of Q, masked),
+// wx * wy = h * 2^15 + l.
+ETKIT_INLINE inline Weights8 weights8(int32x4_t qx0, int32x4_t qx1, int32x4_t qy0, int32x4_t qy1) {
+  const int16x8_t mask = vdupq_n_s16(0x7fff);
+  const int16x8_t wx =
+      vandq_s16(vuzp1q_s16(vreinterpretq_s16_s32(qx0), vreinterpretq_s16_s32(qx1)), mask);
+  const int16x8_t wy =
+      vandq_s16(vuzp1q_s16(vreinterpretq_s16_s32(qy0), vreinterpretq_s16_s32(qy1)), mask);
+  const int32x4_t lo = vmull_s16(vget_low_s16(wx), vget_low_s16(wy));  // below 2^30
+  const int32x4_t hi = vmull_high_s16(wx, wy);
+  return {wx, wy, vshrn_high_n_s32(vshrn_n_s32(lo, kWeightBits), hi, kWeightBits),
+          vandq_s16(vuzp1q_s16(vreinterpretq_s16_s32(lo), vreinterpretq_s16_s32(hi)), mask)};
+}
+
+// Per group of sixteen pixels: their weights, and the offsets of their top-left taps (x0, y0)
+// within their plane, or -1 where a tap is outside the image (x0 outside [0, width - 2] or y0
+// outside [0, height - 2]).
+struct BilinearGroup {
+  Weights16 weights;
+  alignas(16) int32_t off[kGroup];
+};
+
+// (Per-group constants: the image's last x0 and y0 and its strides, in lanes.)
+struct GroupConstants {
+  bool taps;  // width and height at least 2 (else no pixel has all its taps inside)
+  uint32x4_t last_x0, last_y0;
+  int32x4_t stride_x, stride_y;
+};
+
+ETKIT_INLINE inline GroupConstants group_constants(const Setup& s) {
+  return {s.width >= 2 && s.height >= 2, vdupq_n_u32(static_cast<uint32_t>(s.width - 2)),
+          vdupq_n_u32(static_cast<uint32_t>(s.height - 2)),
+          vdupq_n_s32(static_cast<int32_t>(s.stride_x)),
+          vdupq_n_s32(static_cast<int32_t>(s.stride_y))};
+}
+
+ETKIT_INLINE inline int32x4_t tap_offsets(int32x4_t qx, int32x4_t qy, const GroupConstants& k) {
+  const int32x4_t x0 = vshrq_n_s32(qx, kWeightBits), y0 = vshrq_n_s32(qy, kWeightBits);
+  const uint32x4_t inside = vandq_u32(vcleq_u32(vreinterpretq_u32_s32(x0), k.last_x0),
+                                      vcleq_u32(vreinterpretq_u32_s32(y0), k.last_y0));
+  const int32x4_t offset = vmlaq_s32(vmulq_s32(x0, k.stride_x), y0, k.stride_y);
+  return vorrq_s32(offset, vreinterpretq_s32_u32(vmvnq_u32(inside)));
+}
+
+ETKIT_INLINE inline void bilinear_group(const int32_t* qx, const int32_t* qy, const GroupConstants& k,
+                           BilinearGroup* g) {
+  const int32x4_t x0 = vld1q_s32(qx), x1 = vld1q_s32(qx + 4), x2 = vld1q_s32(qx + 8),
+                  x3 = vld1q_s32(qx + 12);
+  const int32x4_t y0 = vld1q_s32(qy), y1 = vld1q_s32(qy + 4), y2 = vld1q_s32(qy + 8),
+                  y3 = vld1q_s32(qy + 12);
+  g->weights.low = weights8(x0, x1, y0, y1);
+  g->weights.high = weights8(x2, x3, y2, y3);
+  if (!k.taps) {
+    const int32x4_t none = vdupq_n_s32(-1);
+    vst1q_s32_x4(g->off, (int32x4x4_t{{none, none, none, none}}));
+    return;
+  }
+  vst1q_s32_x4(g->off, (int32x4x4_t{{tap_offsets(x0, y0, k), tap_offsets(x1, y1, k),
+                                     tap_offsets(x2, y2, k), tap_offsets(x3, y3, k)}}));
+}
+
+// The offsets of sixteen pixels' nearest source pixels within their plane, or -1 outside.
+ETKIT_INLINE inline void nearest_offsets(const int32_t* nx, const int32_t* ny, const Setup& s, int32_t* off) {
+  const uint32x4_t width = vdupq_n_u32(static_cast<uint32_t>(s.width));
+  const uint32x4_t height = vdupq_n_u32(static_cast<uint32_t>(s.height));
+  const int32x4_t stride_x = vdupq_n_s32(static_cast<int32_t>(s.stride_x));
+  const int32x4_t stride_y = vdupq_n_s32(static_cast<int32_t>(s.stride_y));
+  for (int k = 0; k < kGroup; k += 4) {
+    const int32x4_t x = vld1q_s32(nx + k), y = vld1q_s32(ny + k);
+    const uint32x4_t inside = vandq_u32(vcltq_u32(vreinterpretq_u32_s32(x), width),
+                                        vcltq_u32(vreinterpretq_u32_s32(y), height));
+    const int32x4_t offset = vmlaq_s32(vmulq_s32(x, stride_x), y, stride_y);
+    vst1q_s32(off + k, vorrq_s32(offset, vreinterpretq_s32_u32(vmvnq_u32(inside))));
+  }
+}
+
+// One row of a pixel's taps, (x0, y) and (x0 + 1, y), `bytes` each, into `slot`: a tap outside the
+// image reads the image zero point.
+ETKIT_INLINE inline void edge_slot(const int8_t* plane, int32_t x0, int32_t y, int bytes, const Setup& s,
+                      uint8_t* slot) {
+  std::memset(slot, static_cast<uint8_t>(s.image_zero), 2 * static_cast<size_t>(bytes));
+  if (y < 0 || y >= s.height) {
+    return;
+  }
+  for (int t = 0; t < 2; ++t) {
+    const int32_t x = x0 + t;
+    if (x >= 0 && x < s.width) {
+      std::memcpy(slot + t * bytes, plane + y * s.stride_y + x * s.stride_x,
+                  static_cast<size_t>(bytes));
+    }
+  }
+}
+
+// Stores sixteen channels-last pixels of kC channels (kC = 1: one plane), `n` of them; lanes of
+// channel k in `values[k]`.
+template <int kC>
+ETKIT_INLINE inline void store_pixels(const int8x16_t* values, int8_t* out, int n) {
+  int8_t staged[kGroup * kC];
+  int8_t* const to = n == kGroup ? out : staged;
+  if constexpr (kC == 1) {
+    vst1q_s8(to, values[0]);
+  } else if constexpr (kC == 2) {
+    vst2q_s8(to, (int8x16x2_t{{values[0], values[1]}}));
+  } else if constexpr (kC == 3) {
+    vst3q_s8(to, (int8x16x3_t{{values[0], values[1], values[2]}}));
+  } else {
+    vst4q_s8(to, (int8x16x4_t{{values[0], values[1], values[2], values[3]}}));
+  }
+  if (n < kGroup) {
+    std::memcpy(out, staged, static_cast<size_t>(n) * kC);
+  }
+}
+
+template <int kC>
+ETKIT_INLINE inline void store_pixels(const float32x4_t (*values)[4], float* out, int n) {
+  float staged[kGroup * kC];
+  float* const to = n == kGroup ? out : staged;
+  for (int q = 0; q < 4; ++q) {
+    float* const at = to + 4 * q * kC;
+    if constexpr (kC == 1) {
+      vst1q_f32(at, values[0][q]);
+    } else if constexpr (kC == 2) {
+      vst2q_f32(at, (float32x4x2_t{{values[0][q], values[1][q]}}));
+    } else if constexpr (kC == 3) {
+      vst3q_f32(at, (float32x4x3_t{{values[0][q], values[1][q], values[2][q]}}));
+    } else {
+      vst4q_f32(at, (float32x4x4_t{{values[0][q], values[1][q], values[2][q], values[3][q]}}));
+    }
+  }
+  if (n < kGroup) {
+    std::memcpy(out, staged, static_cast<size_t>(n) * kC * sizeof(float));
+  }
+}
+
+// Stores `n` values of one channel, one per pixel, `stride` elements apart.
+ETKIT_INLINE inline void store_strided(int8x16_t values, int8_t* out, int64_t stride, int n) {
+  int8_t staged[kGroup];
+  vst1q_s8(staged, values);
+  for (int j = 0; j < n; ++j) {
+    out[j * stride] = staged[j];
+  }
+}
+
+ETKIT_INLINE inline void store_strided(const float32x4_t values[4], float* out, int64_t stride, int n) {
+  float staged[kGroup];
+  for (int q = 0; q < 4; ++q) {
+    vst1q_f32(staged + 4 * q, values[q]);
+  }
+  for (int j = 0; j < n; ++j) {
+    out[j * stride] = staged[j];
+  }
+}
+
+template <typename OutT>
+ETKIT_INLINE inline void store_values(const Values16& v, const Finish& f, OutT* out, int64_t stride, int n,
+                         bool strided) {
+  if constexpr (std::is_same_v<OutT, int8_t>) {
+    const int8x16_t bytes = to_bytes16(v, f);
+    if (strided) {
+      store_strided(bytes, out, stride, n);
+    } else {
+      store_pixels<1>(&bytes, out, n);
+    }
+  } else {
+    const float32x4_t values[1][4] = {
+        {to_float(v.v0, f), to_float(v.v1, f), to_float(v.v2, f), to_float(v.v3, f)}};
+    if (strided) {
+      store_strided(values[0], out, stride, n);
+    } else {
+      store_pixels<1>(values, out, n);
+    }
+  }
+}
+
+// ---- pass 2, bilinear, lanes of pixels: planar images and any layout, one plane at a time ----
+
+// Each pixel's two rows of taps are copied as 2-byte slots [x0, x0 + 1], up to kPlanes planes (or
+// channels) per visit of the pixel; ld2 takes them apart into the x0 and x0 + 1 taps of sixteen
+// pixels. kStrided (any layout): a tap's two columns lie stride_x apart and the outputs output_x.
+template <int kPlanes, bool kStrided, bool kBatched>
+ETKIT_INLINE inline uint64_t stage_planes(const Coords& c, int64_t i, int n, const BilinearGroup& g,
+                             const int8_t* image, const Setup& s,
+                             uint8_t (*upper)[2 * kGroup], uint8_t (*lower)[2 * kGroup]) {
+  const int64_t stride_c = s.stride_c, stride_y = s.stride_y, stride_x = kStrided ? s.stride_x : 1;
+  const int8_t* const first_plane = image + c.plane[i];
+  uint64_t edges = 0;
+  int j = 0;
+  if constexpr (!kBatched && !kStrided) {
+    // four pixels at a time while their taps are all inside
+    const auto copy = [&](int k) ETKIT_INLINE {
+      const int8_t* const tap = first_plane + g.off[k];
+#pragma GCC unroll 4
+      for (int p = 0; p < kPlanes; ++p) {
+        std::memcpy(upper[p] + 2 * k, tap + p * stride_c, 2);
+        std::memcpy(lower[p] + 2 * k, tap + p * stride_c + stride_y, 2);
+      }
+    };
+    for (; j + 4 <= n && vminvq_s32(vld1q_s32(g.off + j)) >= 0; j += 4) {
+      copy(j);
+      copy(j + 1);
+      copy(j + 2);
+      copy(j + 3);
+    }
+  }
+  for (; j < n; ++j) {
+    const int8_t* const plane = kBatched ? image + c.plane[i + j] : first_plane;
+    const int32_t off = g.off[j];
+    if (off >= 0) {
+      const int8_t* const tap = plane + off;
+#pragma GCC unroll 4
+      for (int p = 0; p < kPlanes; ++p) {
+        const int8_t* const at = tap + p * stride_c;
+        if constexpr (kStrided) {
+          upper[p][2 * j] = static_cast<uint8_t>(at[0]);
+          upper[p][2 * j + 1] = static_cast<uint8_t>(at[stride_x]);
+          lower[p][2 * j] = static_cast<uint8_t>(at[stride_y]);
+          lower[p][2 * j + 1] = static_cast<uint8_t>(at[stride_y + stride_x]);
+        } else {
+          std::memcpy(upper[p] + 2 * j, at, 2);
+          std::memcpy(lower[p] + 2 * j, at + stride_y, 2);
+        }
+      }
+    } else {
+      ++edges;
+      const int32_t x0 = c.x[i + j] >> kWeightBits, y0 = c.y[i + j] >> kWeightBits;
+      for (int p = 0; p < kPlanes; ++p) {
+        edge_slot(plane + p * stride_c, x0, y0, 1, s, upper[p] + 2 * j);
+        edge_slot(plane + p * stride_c, x0, y0 + 1, 1, s, lower[p] + 2 * j);
+      }
+    }
+  }
+  return edges;
+}
+
+template <typename OutT, bool kStrided>
+__attribute__((noinline)) void bilinear_planes_block(const Coords& c, int64_t count,
+                                                     const Setup& s, const Finish& finish,
+                                                     const Run& r, int64_t first,
+                                                     uint64_t* edge_pixels) {
+  const Finish f = finish;  // a local copy: no output store can alias it
+  constexpr int kPlanes = 4;  // planes staged per visit of a pixel
+  const int64_t planes = s.channels;
+  // (the lanes past a run's end compute from what earlier groups left: not stored)
+  alignas(16) uint8_t upper[kPlanes][2 * kGroup] = {}, lower[kPlanes][2 * kGroup] = {};
+  const GroupConstants constants = group_constants(s);
+  BilinearGroup g;
+  uint64_t edges = 0;
+  for (int64_t i = 0; i < count; i += kGroup) {
+    const int n = static_cast<int>(std::min<int64_t>(kGroup, count - i));
+    bilinear_group(c.x + i, c.y + i, constants, &g);
+    const bool batched = c.plane[i] != c.plane[i + n - 1];
+    for (int64_t ch0 = 0; ch0 < planes; ch0 += kPlanes) {
+      const int8_t* const image = r.image + ch0 * s.stride_c;
+      const int chunk = static_cast<int>(std::min<int64_t>(kPlanes, planes - ch0));
+      uint64_t staged_edges;
+      if (chunk == kPlanes) {
+        staged_edges =
+            batched ? stage_planes<kPlanes, kStrided, true>(c, i, n, g, image, s, upper, lower)
+                    : stage_planes<kPlanes, kStrided, false>(c, i, n, g, image, s, upper, lower);
+      } else {
+        for (int p = 0; p < chunk; ++p) {
+          staged_edges = batched ? stage_planes<1, kStrided, true>(c, i, n, g, image + p * s.stride_c,
+                                                                   s, upper + p, lower + p)
+                                 : stage_planes<1, kStrided, false>(
+                                       c, i, n, g, image + p * s.stride_c, s, upper + p, lower + p);
+        }
+      }
+      if (ch0 == 0) {
+        edges += staged_edges;
+      }
+      for (int p = 0; p < chunk; ++p) {
+        const int8x16x2_t u = vld2q_s8(reinterpret_cast<const int8_t*>(upper[p]));
+        const int8x16x2_t d = vld2q_s8(reinterpret_cast<const int8_t*>(lower[p]));
+        const Values16 v = step4_pixels(u.val[0], u.val[1], d.val[0], d.val[1], f.image_zero,
+                                        g.weights);
+        OutT* const out =
+            static_cast<OutT*>(r.out) + (first + i) * r.output_x + (ch0 + p) * r.output_c;
+        store_values(v, f, out, r.output_x, n, kStrided);
+      }
+    }
+  }
+  *edge_pixels += edges;
+}
+
+// ---- pass 2, bilinear, lanes of pixels: 2, 3 and 4 channels-last ----
+
+// Each pixel's two rows of taps are copied as slots of 2 * kC bytes (8 for 3 channels, the last
+// two unused): [x0 channels | x0 + 1 channels]. Structure loads take them apart: 2 channels, ld4
+// of 4-byte slots gives each channel's x0 and x0 + 1 taps of sixteen pixels; 3 and 4 channels, ld4
+// of 8-byte slots (eight pixels) gives, in byte k of each 4-byte half, the x0 and x0 + 1 taps
+// alternating, and uzp1 / uzp2 of two such (sixteen pixels) separate them.
+template <int kC, bool kBatched>
+ETKIT_INLINE inline uint64_t stage_pixels(const Coords& c, int64_t i, int n, const BilinearGroup& g,
+                             const int8_t* image, const Setup& s, uint8_t* upper,
+                             uint8_t* lower) {
+  constexpr int kSlot = kC == 2 ? 4 : 8;
+  const int64_t stride_y = s.stride_y;
+  const int8_t* const first_plane = image + c.plane[i];
+  uint64_t edges = 0;
+  int j = 0;
+  if constexpr (!kBatched) {
+    // four pixels at a time while their taps are all inside
+    const auto copy = [&](int k) ETKIT_INLINE {
+      std::memcpy(upper + kSlot * k, first_plane + g.off[k], 2 * kC);
+      std::memcpy(lower + kSlot * k, first_plane + g.off[k] + stride_y, 2 * kC);
+    };
+    for (; j + 4 <= n && vminvq_s32(vld1q_s32(g.off + j)) >= 0; j += 4) {
+      copy(j);
+      copy(j + 1);
+      copy(j + 2);
+      copy(j + 3);
+    }
+  }
+  for (; j < n; ++j) {
+    const int8_t* const plane = kBatched ? image + c.plane[i + j] : first_plane;
+    const int32_t off = g.off[j];
+    if (off >= 0) {
+      std::memcpy(upper + kSlot * j, plane + off, 2 * kC);
+      std::memcpy(lower + kSlot * j, plane + off + stride_y, 2 * kC);
+    } else {
+      ++edges;
+      const int32_t x0 = c.x[i + j] >> kWeightBits, y0 = c.y[i + j] >> kWeightBits;
+      edge_slot(plane, x0, y0, kC, s, upper + kSlot * j);
+      edge_slot(plane, x0, y0 + 1, kC, s, lower + kSlot * j);
+    }
+  }
+  return edges;
+}
+
+// Step 5 of one channel's sixteen pixels, into the lanes store_pixels takes.
+template <typename OutT>
+struct Outputs;
+
+template <>
+struct Outputs<int8_t> {
+  int8x16_t values[4];
+  ETKIT_INLINE void set(int k, const Values16& v, const Finish& f) {
+    values[k] = to_bytes16(v, f);
+  }
+  template <int kC>
+  ETKIT_INLINE void store(int8_t* out, int n) const {
+    store_pixels<kC>(values, out, n);
+  }
+};
+
+template <>
+struct Outputs<float> {
+  float32x4_t values[4][4];
+  ETKIT_INLINE void set(int k, const Values16& v, const Finish& f) {
+    values[k][0] = to_float(v.v0, f);
+    values[k][1] = to_float(v.v1, f);
+    values[k][2] = to_float(v.v2, f);
+    values[k][3] = to_float(v.v3, f);
+  }
+  template <int kC>
+  ETKIT_INLINE void store(float* out, int n) const {
+    store_pixels<kC>(values, out, n);
+  }
+};
+
+template <int kC, typename OutT>
+__attribute__((noinline)) void bilinear_pixels_block(const Coords& c, int64_t count,
+                                                     const Setup& s, const Finish& finish,
+                                                     const Run& r, int64_t first,
+                                                     uint64_t* edge_pixels) {
+  const Finish f = finish;  // a local copy: no output store can alias it
+  constexpr int kSlot = kC == 2 ? 4 : 8;
+  // (the lanes past a run's end compute from what earlier groups left: not stored)
+  alignas(16) uint8_t upper[kGroup * kSlot] = {}, lower[kGroup * kSlot] = {};
+  const GroupConstants constants = group_constants(s);
+  BilinearGroup g;
+  uint64_t edges = 0;
+  for (int64_t i = 0; i < count; i += kGroup) {
+    const int n = static_cast<int>(std::min<int64_t>(kGroup, count - i));
+    bilinear_group(c.x + i, c.y + i, constants, &g);
+    edges += c.plane[i] != c.plane[i + n - 1]
+                 ? stage_pixels<kC, true>(c, i, n, g, r.image, s, upper, lower)
+                 : stage_pixels<kC, false>(c, i, n, g, r.image, s, upper, lower);
+    const int8x16_t zero = f.image_zero;
+    Outputs<OutT> out;
+    const auto channel = [&](int k, int8x16_t q00, int8x16_t q01, int8x16_t q10,
+                             int8x16_t q11) ETKIT_INLINE {
+      out.set(k, step4_pixels(q00, q01, q10, q11, zero, g.weights), f);
+    };
+    if constexpr (kC == 2) {
+      const int8x16x4_t u = vld4q_s8(reinterpret_cast<const int8_t*>(upper));
+      const int8x16x4_t d = vld4q_s8(reinterpret_cast<const int8_t*>(lower));
+      channel(0, u.val[0], u.val[2], d.val[0], d.val[2]);
+      channel(1, u.val[1], u.val[3], d.val[1], d.val[3]);
+    } else {
+      const int8x16x4_t ua = vld4q_s8(reinterpret_cast<const int8_t*>(upper));
+      const int8x16x4_t ub = vld4q_s8(reinterpret_cast<const int8_t*>(upper + 64));
+      const int8x16x4_t da = vld4q_s8(reinterpret_cast<const int8_t*>(lower));
+      const int8x16x4_t db = vld4q_s8(reinterpret_cast<const int8_t*>(lower + 64));
+      if constexpr (kC == 4) {
+        channel(0, vuzp1q_s8(ua.val[0], ub.val[0]), vuzp2q_s8(ua.val[0], ub.val[0]),
+                vuzp1q_s8(da.val[0], db.val[0]), vuzp2q_s8(da.val[0], db.val[0]));
+        channel(1, vuzp1q_s8(ua.val[1], ub.val[1]), vuzp2q_s8(ua.val[1], ub.val[1]),
+                vuzp1q_s8(da.val[1], db.val[1]), vuzp2q_s8(da.val[1], db.val[1]));
+        channel(2, vuzp1q_s8(ua.val[2], ub.val[2]), vuzp2q_s8(ua.val[2], ub.val[2]),
+                vuzp1q_s8(da.val[2], db.val[2]), vuzp2q_s8(da.val[2], db.val[2]));
+        channel(3, vuzp1q_s8(ua.val[3], ub.val[3]), vuzp2q_s8(ua.val[3], ub.val[3]),
+                vuzp1q_s8(da.val[3], db.val[3]), vuzp2q_s8(da.val[3], db.val[3]));
+      } else {  // slot bytes: x0 c0, c1, c2, x1 c0, c1, c2, -, -
+        channel(0, vuzp1q_s8(ua.val[0], ub.val[0]), vuzp1q_s8(ua.val[3], ub.val[3]),
+                vuzp1q_s8(da.val[0], db.val[0]), vuzp1q_s8(da.val[3], db.val[3]));
+        channel(1, vuzp1q_s8(ua.val[1], ub.val[1]), vuzp2q_s8(ua.val[0], ub.val[0]),
+                vuzp1q_s8(da.val[1], db.val[1]), vuzp2q_s8(da.val[0], db.val[0]));
+        channel(2, vuzp1q_s8(ua.val[2], ub.val[2]), vuzp2q_s8(ua.val[1], ub.val[1]),
+                vuzp1q_s8(da.val[2], db.val[2]), vuzp2q_s8(da.val[1], db.val[1]));
+      }
+    }
+    out.template store<kC>(static_cast<OutT*>(r.out) + (first + i) * kC, n);
+  }
+  *edge_pixels += edges;
+}
+
+// ---- pass 2, bilinear, lanes of channels: 8 and multiples of 16 channels-last ----
+
+// 8 channels: each row's two taps are one 16-byte load [x0 | x0 + 1]. 16k channels: each tap's
+// sixteen channels at a time. The pixel's weights [wx, wy, h, l] are broadcast from lanes.
+template <bool kSixteens, typename OutT>
+__attribute__((noinline)) void bilinear_channels_block(const Coords& c, int64_t count,
+                                                       const Setup& s, const Finish& finish,
+                                                       const Run& r, int64_t first,
+                                                       uint64_t* edge_pixels) {
+  const Finish f = finish;  // a local copy: no output store can alias it
+  const int64_t channels = s.channels, stride_x = s.stride_x, stride_y = s.stride_y;
+  const int8x16_t zero = f.image_zero;
+  alignas(16) int16_t weights[kGroup][4];
+  alignas(16) int8_t zeros[16];
+  vst1q_s8(zeros, zero);
+  const GroupConstants constants = group_constants(s);
+  BilinearGroup g;
+  uint64_t edges = 0;
+  for (int64_t i = 0; i < count; i += kGroup) {
+    const int n = static_cast<int>(std::min<int64_t>(kGroup, count - i));
+    bilinear_group(c.x + i, c.y + i, constants, &g);
+    const Weights16& w = g.weights;
+    vst4q_s16(weights[0], (int16x8x4_t{{w.low.wx, w.low.wy, w.low.h, w.low.l}}));
+    vst4q_s16(weights[8], (int16x8x4_t{{w.high.wx, w.high.wy, w.high.h, w.high.l}}));
+    for (int j = 0; j < n; ++j) {
+      const Weights8 weight = broadcast(weights[j]);
+      const int8_t* const plane = r.image + c.plane[i + j];
+      OutT* const out = static_cast<OutT*>(r.out) + (first + i + j) * channels;
+      const int32_t off = g.off[j];
+      if constexpr (!kSixteens) {
+        alignas(16) uint8_t slots[2][16];
+        int8x16_t upper, lower;
+        if (off >= 0) {
+          upper = vld1q_s8(plane + off);
+          lower = vld1q_s8(plane + off + stride_y);
+        } else {
+          ++edges;
+          const int32_t x0 = c.x[i + j] >> kWeightBits, y0 = c.y[i + j] >> kWeightBits;
+          edge_slot(plane, x0, y0, 8, s, slots[0]);
+          edge_slot(plane, x0, y0 + 1, 8, s, slots[1]);
+          upper = vreinterpretq_s8_u8(vld1q_u8(slots[0]));
+          lower = vreinterpretq_s8_u8(vld1q_u8(slots[1]));
+        }
+        // lanes: the eight channels of x0 | of x0 + 1
+        const int8x16_t q00 = upper, q01 = vextq_s8(upper, upper, 8);
+        const int8x16_t q10 = lower, q11 = vextq_s8(lower, lower, 8);
+        int32x4_t v0, v1;
+        step4_lanes(taps_low(q00, q01, q10, q11, zero), weight, &v0, &v1);
+        if constexpr (std::is_same_v<OutT, int8_t>) {
+          vst1_s8(out, to_bytes8(v0, v1, f));
+        } else {
+          vst1q_f32(out, to_float(v0, f));
+          vst1q_f32(out + 4, to_float(v1, f));
+        }
+      } else {
+        // the four taps, or the zero point's bytes where outside
+        const int8_t* tap[4];
+        bool inside[4];
+        if (off >= 0) {
+          tap[0] = plane + off;
+          tap[1] = tap[0] + stride_x;
+          tap[2] = tap[0] + stride_y;
+          tap[3] = tap[2] + stride_x;
+          inside[0] = inside[1] = inside[2] = inside[3] = true;
+        } else {
+          ++edges;
+          const int32_t x0 = c.x[i + j] >> kWeightBits, y0 = c.y[i + j] >> kWeightBits;
+          for (int t = 0; t < 4; ++t) {
+            const int32_t x = x0 + (t & 1), y = y0 + (t >> 1);
+            inside[t] = x >= 0 && x < s.width && y >= 0 && y < s.height;
+            tap[t] = inside[t] ? plane + y * stride_y + x * stride_x : zeros;
+          }
+        }
+        const Weights16 both{weight, weight};
+        for (int64_t h = 0; h < channels; h += 16) {
+          const Values16 v = step4_pixels(
+              vld1q_s8(inside[0] ? tap[0] + h : zeros), vld1q_s8(inside[1] ? tap[1] + h : zeros),
+              vld1q_s8(inside[2] ? tap[2] + h : zeros), vld1q_s8(inside[3] ? tap[3] + h : zeros),
+              zero, both);
+          if constexpr (std::is_same_v<OutT, int8_t>) {
+            vst1q_s8(out + h, to_bytes16(v, f));
+          } else {
+            vst1q_f32(out + h, to_float(v.v0, f));
+            vst1q_f32(out + h + 4, to_float(v.v1, f));
+            vst1q_f32(out + h + 8, to_float(v.v2, f));
+            vst1q_f32(out + h + 12, to_float(v.v3, f));
+          }
+        }
+      }
+    }
+  }
+  *edge_pixels += edges;
+}
+
+// ---- pass 2, nearest ----
+
+// Nearest, step 5: sixteen raw image values to their int8 outputs by the table (tbl reads 64
+// entries; the index less 64, 128, 192 picks the other three quarters, out of range elsewhere).
+ETKIT_INLINE inline int8x16_t table_lookup(int8x16_t raw, const Finish& f) {
+  if (f.identity_table) {
+    return raw;
+  }
+  const uint8x16_t index = vreinterpretq_u8_s8(raw);
+  uint8x16_t out = vqtbl4q_u8(f.table[0], index);
+  out = vqtbx4q_u8(out, f.table[1], vsubq_u8(index, vdupq_n_u8(64)));
+  out = vqtbx4q_u8(out, f.table[2], vsubq_u8(index, vdupq_n_u8(128)));
+  out = vqtbx4q_u8(out, f.table[3], vsubq_u8(index, vdupq_n_u8(192)));
+  return vreinterpretq_s8_u8(out);
+}
+
+// Nearest, float output: value = (q - zero) * 2^15, exact in float32; one product, as
+// to_output<float>.
+ETKIT_INLINE inline void raw_to_float(int8x16_t raw, const Finish& f, float32x4_t values[4]) {
+  const int16x8_t low = vsubl_s8(vget_low_s8(raw), vget_low_s8(f.image_zero));
+  const int16x8_t high = vsubl_high_s8(raw, f.image_zero);
+  values[0] = to_float(vshll_n_s16(vget_low_s16(low), kWeightBits), f);
+  values[1] = to_float(vshll_high_n_s16(low, kWeightBits), f);
+  values[2] = to_float(vshll_n_s16(vget_low_s16(high), kWeightBits), f);
+  values[3] = to_float(vshll_high_n_s16(high, kWeightBits), f);
+}
+
+// Nearest: sixteen raw values to the output (the first `n` stored).
+template <typename OutT>
+ETKIT_INLINE inline void store_raw16(int8x16_t raw, const Finish& f, OutT* out, int64_t n) {
+  if constexpr (std::is_same_v<OutT, int8_t>) {
+    const int8x16_t bytes = table_lookup(raw, f);
+    if (n >= 16) {
+      vst1q_s8(out, bytes);
+    } else {
+      int8_t staged[16];
+      vst1q_s8(staged, bytes);
+      std::memcpy(out, staged, static_cast<size_t>(n));
+    }
+  } else {
+    float32x4_t values[4];
+    raw_to_float(raw, f, values);
+    if (n >= 16) {
+      for (int k = 0; k < 4; ++k) {
+        vst1q_f32(out + 4 * k, values[k]);
+      }
+    } else {
+      float staged[16];
+      for (int k = 0; k < 4; ++k) {
+        vst1q_f32(staged + 4 * k, values[k]);
+      }
+      std::memcpy(out, staged, static_cast<size_t>(n) * sizeof(float));
+    }
+  }
+}
+
+// kC: 1 (planar, per plane), 2, 3, 4, 8 channels-last: the source pixels' bytes are copied in
+// output order (for int8 output with the identity table, straight into the output), then step 5;
+// 16 (a multiple of 16): sixteen channels of a pixel at a time. kStrided (kC = 1, any layout): per
+// channel, the outputs stored output_x apart.
+template <int kC, typename OutT, bool kStrided = false>
+__attribute__((noinline)) void nearest_block(const Coords& c, int64_t count, const Setup& s,
+                                             const Finish& finish, const Run& r, int64_t first) {
+  const Finish f = finish;  // a local copy: no output store can alias it
+  const int64_t planes = kC == 1 ? s.channels : 1;
+  const uint8_t zero = static_cast<uint8_t>(s.image_zero);
+  alignas(16) int32_t off[kGroup];
+  alignas(16) uint8_t staged[kGroup * (kC == 16 ? 1 : kC)];
+  for (int64_t i = 0; i < count; i += kGroup) {
+    const int n = static_cast<int>(std::min<int64_t>(kGroup, count - i));
+    nearest_offsets(c.x + i, c.y + i, s, off);
+    if constexpr (kC == 16) {
+      const int64_t channels = s.channels;
+      for (int j = 0; j < n; ++j) {
+        OutT* const out = static_cast<OutT*>(r.out) + (first + i + j) * channels;
+        if (off[j] >= 0) {
+          const int8_t* const source = r.image + c.plane[i + j] + off[j];
+          for (int64_t h = 0; h < channels; h += 16) {
+            store_raw16(vld1q_s8(source + h), f, out + h, 16);
+          }
+        } else {
+          for (int64_t h = 0; h < channels; h += 16) {
+            store_raw16(f.image_zero, f, out + h, 16);
+          }
+        }
+      }
+    } else if constexpr (kStrided) {
+      for (int64_t ch = 0; ch < planes; ++ch) {
+        const int8_t* const image = r.image + ch * s.stride_c;
+        for (int j = 0; j < n; ++j) {
+          staged[j] = off[j] >= 0 ? static_cast<uint8_t>(image[c.plane[i + j] + off[j]]) : zero;
+        }
+        const int8x16_t raw = vld1q_s8(reinterpret_cast<const int8_t*>(staged));
+        OutT* const out = static_cast<OutT*>(r.out) + (first + i) * r.output_x + ch * r.output_c;
+        if constexpr (std::is_same_v<OutT, int8_t>) {
+          store_strided(table_lookup(raw, f), out, r.output_x, n);
+        } else {
+          float32x4_t values[4];
+          raw_to_float(raw, f, values);
+          store_strided(values, out, r.output_x, n);
+        }
+      }
+    } else {
+      for (int64_t ch = 0; ch < planes; ++ch) {
+        const int8_t* const image = r.image + ch * s.stride_c;
+        OutT* const out =
+            static_cast<OutT*>(r.out) + (kC == 1 ? first + i + ch * r.output_c : (first + i) * kC);
+        const bool direct = std::is_same_v<OutT, int8_t> && f.identity_table;
+        uint8_t* const to = direct ? reinterpret_cast<uint8_t*>(out) : staged;
+        int j = 0;
+        if (c.plane[i] == c.plane[i + n - 1]) {
+          // one batch element: four pixels at a time while they are all inside
+          const int8_t* const plane = image + c.plane[i];
+          const auto copy = [&](int k) ETKIT_INLINE {
+            std::memcpy(to + kC * k, plane + off[k], kC);
+          };
+          for (; j + 4 <= n && vminvq_s32(vld1q_s32(off + j)) >= 0; j += 4) {
+            copy(j);
+            copy(j + 1);
+            copy(j + 2);
+            copy(j + 3);
+          }
+        }
+        for (; j < n; ++j) {
+          if (off[j] >= 0) {
+            std::memcpy(to + kC * j, image + c.plane[i + j] + off[j], kC);
+          } else {
+            std::memset(to + kC * j, zero, kC);
+          }
+        }
+        if (!direct) {
+          const int64_t bytes = int64_t(n) * kC;
+          for (int64_t k = 0; k < bytes; k += 16) {
+            store_raw16(vld1q_s8(reinterpret_cast<const int8_t*>(staged + k)), f, out + k,
+                        bytes - k);
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- the driver ----
+
+// Which second pass applies, if any (see neon_kernel_applies).
+template <typename OutT>
+bool select_kind(const View4<const int8_t>& image, const View4<OutT>& output,
+                 const QuantizedPlan& plan, Kind* kind) {
+  const int64_t channels = image.sizes[1], height = image.sizes[2], width = image.sizes[3];
+  const int64_t* const is = image.strides;
+  const int64_t* const os = output.strides;
+  if (height >= (1 << 15) || width >= (1 << 15) || plan.image_zero_point < -128 ||
+      plan.image_zero_point > 127) {
+    return false;
+  }
+  for (int d = 0; d < 4; ++d) {
+    if (is[d] < 0 || os[d] < 0) {
+      return false;
+    }
+  }
+  // the offsets of a plane's pixels, y * stride_y + x * stride_x, in 32-bit lanes
+  if (height * is[2] + width * is[3] >= (int64_t(1) << 31)) {
+    return false;
+  }
+  if constexpr (std::is_same_v<OutT, int8_t>) {
+    if (!(plan.requant_shift >= 32 && plan.requant_shift <= 62 && plan.output_min >= -128 &&
+          plan.output_max <= 127 && plan.output_zero_point >= -32768 &&
+          plan.output_zero_point <= 32767 && plan.requant_multiplier > 0 &&
+          plan.requant_multiplier < (int64_t(1) << 31))) {
+      return false;
+    }
+  }
+  // steps 1 and 2 in vector lanes: the exact form must apply to int16 grids (it does wherever
+  // the grid's zero point lies within int16); int8 grids read a table
+  const bool nearest = plan.params.mode == Mode::kNearest;
+  for (const AxisPlan* axis : {&plan.x, &plan.y}) {
+    if (!plan_axis_exact(*axis, plan.grid_zero_point, plan.params.padding,
+                         plan.params.align_corners, nearest)
+             .applies) {
+      return false;
+    }
+  }
+  const bool planar = is[3] == 1 && os[3] == 1;
+  const bool channels_last = is[1] == 1 && is[3] == channels && os[1] == 1 && os[3] == channels;
+  if (planar) {
+    *kind = nearest ? Kind::kNearPlanar : Kind::kPlanar;
+  } else if (channels_last && channels == 2) {
+    *kind = nearest ? Kind::kNear2 : Kind::kPixels2;
+  } else if (channels_last && channels == 3) {
+    *kind = nearest ? Kind::kNear3 : Kind::kPixels3;
+  } else if (channels_last && channels == 4) {
+    *kind = nearest ? Kind::kNear4 : Kind::kPixels4;
+  } else if (channels_last && channels == 8) {
+    *kind = nearest ? Kind::kNear8 : Kind::kEights;
+  } else if (channels_last && channels % 16 == 0) {
+    *kind = nearest ? Kind::kNear16 : Kind::kSixteens;
+  } else {
+    *kind = nearest ? Kind::kNearStrided : Kind::kStrided;
+  }
+  return true;
+}
+
+template <typename GridT, typename OutT>
+void make_setup(const View4<const int8_t>& image, const View4<const GridT>& grid,
+                const QuantizedPlan& p, Kind kind, Setup* s) {
+  constexpr bool kInt16 = std::is_same_v<GridT, int16_t>;
+  const Padding padding = p.params.padding;
+  s->kind = kind;
+  s->nearest = p.params.mode == Mode::kNearest;
+  s->pairs = grid.strides[2] == 2 && grid.strides[3] == 1;
+  s->integer_x = plan_axis_integer(p.x, p.grid_zero_point, padding);
+  s->integer_y = plan_axis_integer(p.y, p.grid_zero_point, padding);
+  s->nearest_x = plan_axis_nearest(p.x, p.grid_zero_point, padding);
+  s->nearest_y = plan_axis_nearest(p.y, p.grid_zero_point, padding);
+  s->exact_x = plan_axis_exact(p.x, p.grid_zero_point, padding, p.params.align_corners, s->nearest);
+  s->exact_y = plan_axis_exact(p.y, p.grid_zero_point, padding, p.params.align_corners, s->nearest);
+  if (!kInt16) {
+    s->form = Form::kTable;
+    for (int v = -128; v < 128; ++v) {
+      const int64_t px = steps::pixel_coordinate(v, p, p.x);
+      const int64_t py = steps::pixel_coordinate(v, p, p.y);
+      s->table_x[v + 128] = s->nearest ? nearest_index(px, p.x.size) : scalar_tap(px, p.x.size);
+      s->table_y[v + 128] = s->nearest ? nearest_index(py, p.y.size) : scalar_tap(py, p.y.size);
+    }
+  } else if (!s->nearest && s->integer_x.applies && s->integer_y.applies) {
+    s->form = Form::kInteger;
+  } else if (s->nearest && s->nearest_x.applies && s->nearest_y.applies) {
+    s->form = Form::kNearest;
+  } else {
+    s->form = Form::kExact;  // select_kind checks that it applies
+  }
+  s->channels = static_cast<int32_t>(image.sizes[1]);
+  s->height = static_cast<int32_t>(image.sizes[2]);
+  s->width = static_cast<int32_t>(image.sizes[3]);
+  s->stride_c = image.strides[1];
+  s->stride_y = image.strides[2];
+  s->stride_x = image.strides[3];
+  s->image_zero = static_cast<int8_t>(p.image_zero_point);
+  constexpr bool kFloatOutput = std::is_same_v<OutT, float>;
+  s->narrow = kFloatOutput ? NarrowRequant{false, 1, 1}
+                           : narrow_requant(p.requant_multiplier, p.requant_shift);
+  s->wide_multiplier = kFloatOutput ? 1 : p.requant_multiplier;
+  s->wide_shift = kFloatOutput ? 1 : p.requant_shift;
+  s->output_zero = static_cast<int32_t>(p.output_zero_point);
+  s->output_min = static_cast<int8_t>(std::max<int64_t>(p.output_min, -128));
+  s->output_max = static_cast<int8_t>(std::min<int64_t>(p.output_max, 127));
+  s->float_scale = p.float_output_scale;
+  s->identity_table = true;
+  for (int v = -128; v < 128; ++v) {
+    const int8_t q =
+        kFloatOutput
+            ? static_cast<int8_t>(v)
+            : steps::requantize((v - p.image_zero_point) * (int64_t(1) << kWeightBits), p);
+    s->output_table[v & 0xFF] = static_cast<uint8_t>(q);
+    s->identity_table = s->identity_table && q == v;
+  }
+}
+
+template <typename OutT>
+void second_pass(const Coords& c, int64_t block, const Setup& s, const Finish& f, const Run& run,
+                 int64_t first, uint64_t* edge_pixels) {
+  switch (s.kind) {
+    case Kind::kPlanar:
+      bilinear_planes_block<OutT, false>(c, block, s, f, run, first, edge_pixels);
+      return;
+    case Kind::kStrided:
+      bilinear_planes_block<OutT, true>(c, block, s, f, run, first, edge_pixels);
+      return;
+    case Kind::kPixels2:
+      bilinear_pixels_block<2, OutT>(c, block, s, f, run, first, edge_pixels);
+      return;
+    case Kind::kPixels3:
+      bilinear_pixels_block<3, OutT>(c, block, s, f, run, first, edge_pixels);
+      return;
+    case Kind::kPixels4:
+      bilinear_pixels_block<4, OutT>(c, block, s, f, run, first, edge_pixels);
+      return;
+    case Kind::kEights:
+      bilinear_channels_block<false, OutT>(c, block, s, f, run, first, edge_pixels);
+      return;
+    case Kind::kSixteens:
+      bilinear_channels_block<true, OutT>(c, block, s, f, run, first, edge_pixels);
+      return;
+    case Kind::kNearPlanar:
+      nearest_block<1, OutT>(c, block, s, f, run, first);
+      return;
+    case Kind::kNearStrided:
+      nearest_block<1, OutT, true>(c, block, s, f, run, first);
+      return;
+    case Kind::kNear2:
+      nearest_block<2, OutT>(c, block, s, f, run, first);
+      return;
+    case Kind::kNear3:
+      nearest_block<3, OutT>(c, block, s, f, run, first);
+      return;
+    case Kind::kNear4:
+      nearest_block<4, OutT>(c, block, s, f, run, first);
+      return;
+    case Kind::kNear8:
+      nearest_block<8, OutT>(c, block, s, f, run, first);
+      return;
+    case Kind::kNear16:
+      nearest_block<16, OutT>(c, block, s, f, run, first);
+      return;
+  }
+}
+
+template <typename GridT, typename OutT>
+void rows_neon(const View4<const int8_t>& image, const View4<const GridT>& grid,
+               const View4<OutT>& output, const QuantizedPlan& plan, Kind kind, int64_t row_begin,
+               int64_t row_end) {
+  const QuantizedPlan p = plan;
+  Setup s;
+  make_setup<GridT, OutT>(image, grid, p, kind, &s);
+  const Finish f = finish_registers(s);
+  const int64_t out_height = grid.sizes[1], out_width = grid.sizes[2];
+  const int64_t grid_x = grid.strides[2], grid_axis = grid.strides[3];
+  const int64_t output_x = output.strides[3];
+  // Rows of one batch element that follow each other in the grid and the output are one run; and
+  // where each element's grid and output follow the one before, the whole range is (a correlation
+  // lookup samples 9 x 9 pixels per image): each pixel then carries its element's image offset.
+  const bool flat =
+      grid.strides[1] == out_width * grid_x && output.strides[2] == out_width * output_x;
+  const bool flat_batch = flat && grid.strides[0] == out_height * grid.strides[1] &&
+                          output.strides[0] == out_height * output.strides[2];
+  const int64_t image_n = image.strides[0], per_element = out_height * out_width;
+  Coords c;
+  uint64_t edge_pixels = 0;
+  for (int64_t row = row_begin; row < row_end;) {
+    const int64_t n = row / out_height, oy = row % out_height;
+    const int64_t rows = flat_batch ? row_end - row
+                                    : (flat ? std::min(row_end, (n + 1) * out_height) - row : 1);
+    const int64_t count = rows * out_width;
+    const GridT* const grid_run = grid.data + n * grid.strides[0] + oy * grid.strides[1];
+    OutT* const output_run = output.data + n * output.strides[0] + oy * output.strides[2];
+    const Run run{image.data, output_run, output.strides[1], output_x};
+    for (int64_t first = 0; first < count; first += kRun) {
+      const int64_t block = std::min(kRun, count - first);
+      coordinates(grid_run + first * grid_x, grid_x, grid_axis, block, s, &c);
+      // each pixel's batch element: n plus the whole elements before it in the run
+      int64_t k = 0, element = (oy * out_width + first) / per_element;
+      if ((element + 1) * per_element - oy * out_width - first >= block) {  // one element
+        const int64x2_t plane = vdupq_n_s64((n + element) * image_n);
+        for (; k < block; k += 2) {
+          vst1q_s64(c.plane + k, plane);
+        }
+      }
+      while (k < block) {
+        const int64_t end = std::min(block, (element + 1) * per_element - oy * out_width - first);
+        for (; k < end; ++k) {
+          c.plane[k] = (n + element) * image_n;
+        }
+        ++element;
+      }
+      second_pass<OutT>(c, block, s, f, run, first, &edge_pixels);
+    }
+    row += rows;
+  }
+  const int64_t pixels = (row_end - row_begin) * out_width;
+  g_counters[kNeonPixels].fetch_add(static_cast<uint64_t>(pixels), std::memory_order_relaxed);
+  g_counters[kNeonCoordinatesInteger + static_cast<int>(s.form)].fetch_add(
+      static_cast<uint64_t>(pixels), std::memory_order_relaxed);
+  g_counters[kNeonEdgePixels].fetch_add(edge_pixels, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+template <typename OutT>
+bool neon_kernel_applies(const View4<const int8_t>& image, const View4<OutT>& output,
+                         const QuantizedPlan& plan) {
+  Kind kind;
+  return select_kind(image, output, plan, &kind);
+}
+
+template <typename GridT, typename OutT>
+void grid_sample_quantized_neon(const View4<const int8_t>& image, const View4<const GridT>& grid,
+                                const View4<OutT>& output, const QuantizedPlan& plan,
+                                int64_t row_begin, int64_t row_end) {
+  Kind kind;
+  if (!select_kind(image, output, plan, &kind)) {
+    std::abort();  // callers check neon_kernel_applies
+  }
+  rows_neon(image, grid, output, plan, kind, row_begin, row_end);
+}
+
+void neon_counters(uint64_t counts[kNeonCounterCount]) {
+  for (int k = 0; k < kNeonCounterCount; ++k) {
+    counts[k] = g_counters[k].load(std::memory_order_relaxed);
+  }
+}
+
+template bool neon_kernel_applies<int8_t>(const View4<const int8_t>&, const View4<int8_t>&,
+                                          const QuantizedPlan&);
+template bool neon_kernel_applies<float>(const View4<const int8_t>&, const View4<float>&,
+                                         const QuantizedPlan&);
+#define ETKIT_INSTANTIATE(GridT, OutT)                                           \
+  template void grid_sample_quantized_neon<GridT, OutT>(                        \
+      const View4<const int8_t>&, const View4<const GridT>&, const View4<OutT>&, \
+      const QuantizedPlan&, int64_t, int64_t);
+ETKIT_INSTANTIATE(int16_t, int8_t)
+ETKIT_INSTANTIATE(int16_t, float)
+ETKIT_INSTANTIATE(int8_t, int8_t)
+ETKIT_INSTANTIATE(int8_t, float)
+#undef ETKIT_INSTANTIATE
+
+}  // namespace etkit::gridsampler
+
+#endif  // defined(__aarch64__)
