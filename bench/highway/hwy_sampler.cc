@@ -40,7 +40,7 @@ namespace etkit::hwybench {
 namespace gs = gridsampler;
 
 // Steps 1 and 2 and step 3's Q (x0 << 15 | w) for an int16 grid with zeros or border padding, in
-// 64-bit integer lanes: Q = clamp(floor((q * M + C) / 2^S), low, high); quantized_x86_common.h's
+// 64-bit integer lanes: Q = clamp(floor((q * M + C) / 2^S), low, high); quantized_forms.h's
 // AxisInteger derives it.
 struct AxisInt {
   bool applies;

@@ -42,6 +42,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "quantized_forms.h"
 #include "quantized_steps.h"
 
 namespace etkit::gridsampler {
@@ -58,203 +59,26 @@ constexpr int kGroup = 16;     // pixels per group (pass 2)
 
 // ---- pass 1: the plans of each form (derived once per call) ----
 
-// Q = round(P / 2^17) (halves up) of a coordinate clamped to [-2, size] pixels: x0 = Q >> 15,
-// w = Q & 0x7fff. Where the scalar weight is 2^15 (the upper tap alone), Q names the upper tap with
-// weight 0: the same value; and a coordinate clamped at -2 or size pixels has both taps outside
-// the image either way (the value is 0).
-inline int32_t scalar_tap(int64_t coord, int64_t size) {
-  const int64_t clamped = std::min(std::max(coord, -2 * steps::kOne), size * steps::kOne);
-  return static_cast<int32_t>(steps::shift_round(clamped, 17));
-}
-
-// The nearest pixel index, the coordinate clamped to [-2, size + 1] pixels first: outside stays
-// outside, and the index fits 32 bits.
-inline int32_t nearest_index(int64_t coord, int64_t size) {
-  const int64_t clamped = std::min(std::max(coord, -2 * steps::kOne), (size + 1) * steps::kOne);
-  return static_cast<int32_t>(steps::round_half_even(clamped));
-}
-
-// The integer form of Q for an int16 grid with zeros or border padding (quantized_x86_common.h's
+// The integer form of Q for an int16 grid with zeros or border padding (quantized_forms.h's
 // AxisInteger derives it): Q = clamp(floor((q * M + C) / 2^S), low, high), M < 2^31, S <= 32, Q
-// within 2^30.
-struct AxisInteger {
-  bool applies;
-  int32_t multiplier;
-  int64_t constant;
-  int shift;
-  int32_t low, high;
-};
-
-AxisInteger plan_axis_integer(const AxisPlan& axis, int64_t grid_zero_point, Padding padding) {
-  AxisInteger integer{};
-  if (padding == Padding::kReflection || axis.multiplier <= 0 || axis.shift < -16 ||
-      axis.shift > 40) {
-    return integer;
-  }
-  // F = floor(P / 2^16) = floor((d * M + R) / 2^K) + offset / 2^16 with K = s + 16, d = q - zero,
-  // R = 2^(s-1) (0 when s <= 0); Q = floor((F + 1) / 2) = floor((q * M + C) / 2^(K+1)) with
-  // C = R - zero * M + (offset / 2^16 + 1) * 2^K. Halving M, C (floor) and the shift together
-  // while M is even leaves Q unchanged (q * M is an integer).
-  const int64_t k = axis.shift + 16;
-  __int128 multiplier = axis.multiplier;
-  __int128 constant = (axis.shift > 0 ? (static_cast<__int128>(1) << (axis.shift - 1)) : 0) +
-                      ((static_cast<__int128>(axis.offset >> 16) + 1) << k) -
-                      static_cast<__int128>(grid_zero_point) * multiplier;
-  int64_t shift = k + 1;
-  while (shift > 0 && (multiplier & 1) == 0) {
-    multiplier >>= 1;
-    constant >>= 1;
-    --shift;
-  }
-  const __int128 extreme = 32768 * multiplier + (constant < 0 ? -constant : constant);
-  if (multiplier >= (static_cast<__int128>(1) << 31) || shift > 32 || shift < 1 ||
-      extreme >= (static_cast<__int128>(1) << 62) ||
-      (extreme >> shift) >= (static_cast<__int128>(1) << 30)) {
-    return integer;
-  }
-  integer.applies = true;
-  integer.multiplier = static_cast<int32_t>(multiplier);
-  integer.constant = static_cast<int64_t>(constant);
-  integer.shift = static_cast<int>(shift);
-  // F clamped to [0, (size - 1) * 2^16] (border) or [-2^17, size * 2^16] (zeros: both taps of
-  // the axis outside), and F -> floor((F + 1) / 2) is monotone with even bounds.
-  const bool border = padding == Padding::kBorder;
-  integer.low = border ? 0 : -65536;
-  integer.high = static_cast<int32_t>((border ? axis.size - 1 : axis.size) * 32768);
-  return integer;
+// within 2^30. This kernel has always taken it with S >= 1 only (S = 0 runs the exact form).
+AxisInteger plan_integer(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
+                         bool int16_grid) {
+  const AxisInteger integer = plan_axis_integer(axis, grid_zero_point, padding, int16_grid);
+  return integer.shift >= 1 ? integer : AxisInteger{};
 }
 
-// The nearest index of an int16 grid with zeros or border padding, exactly (quantized_x86_common.h's
-// AxisNearest derives it): X = q * M + C, the index rounded half up is floor(X / 2^S), and P is a
-// tie exactly when X mod 2^S < tie_limit, where halves to even take the index below when the one
-// above is odd; then the padding's clamp of the index.
-struct AxisNearest {
-  bool applies;
-  int32_t multiplier;
-  int64_t constant;
-  int shift;
-  int64_t tie_limit;
-  int32_t low, high;
-};
-
-AxisNearest plan_axis_nearest(const AxisPlan& axis, int64_t grid_zero_point, Padding padding) {
-  AxisNearest nearest{};
-  if (padding == Padding::kReflection || axis.multiplier < 0 || axis.shift > 62 ||
-      axis.shift < -30) {
-    return nearest;
-  }
-  __int128 multiplier = axis.multiplier;
-  int64_t s = axis.shift;
-  if (s < 0) {
-    multiplier <<= -s;
-    s = 0;
-  }
-  // G = P + 2^31 = floor((q * M + C) / 2^s), offset + 2^31 = size * 2^31
-  const __int128 g_offset = static_cast<__int128>(axis.size) << 31;
-  __int128 constant = (s > 0 ? (static_cast<__int128>(1) << (s - 1)) : 0) -
-                      static_cast<__int128>(grid_zero_point) * multiplier + (g_offset << s);
-  int64_t shift = s + 32;
-  while (multiplier > 0 && (multiplier & 1) == 0) {
-    if (s == 0 && (constant & 1) != 0) {
-      break;
-    }
-    multiplier >>= 1;
-    constant >>= 1;
-    --shift;
-    s = s > 0 ? s - 1 : 0;
-  }
-  const __int128 extreme = 32768 * multiplier + (constant < 0 ? -constant : constant);
-  if (multiplier >= (static_cast<__int128>(1) << 31) || shift > 62 || shift < 1 ||
-      extreme >= (static_cast<__int128>(1) << 62) || axis.size >= (int64_t(1) << 15)) {
-    return nearest;
-  }
-  nearest.applies = true;
-  nearest.multiplier = static_cast<int32_t>(multiplier);
-  nearest.constant = static_cast<int64_t>(constant);
-  nearest.shift = static_cast<int>(shift);
-  nearest.tie_limit = int64_t(1) << s;
-  const bool border = padding == Padding::kBorder;
-  nearest.low = border ? 0 : -2;
-  nearest.high = static_cast<int32_t>(border ? axis.size - 1 : axis.size + 1);
-  return nearest;
-}
-
-// Steps 1 and 2 exactly in 64-bit lanes, any padding. Step 1's product d * multiplier (d = q -
-// zero within 32 bits, the product below 2^62) is formed from two 32 x 32-bit products: with
-// multiplier = mh * 2^32 + ml, ml read as a signed 32-bit lo = ml - 2^32 * [ml >= 2^31], it is
-// d * lo + (d * (mh + [ml >= 2^31])) * 2^32, summed modulo 2^64 (exact: the product is below
-// 2^63). The shift is one rounding shift (a left shift where shift <= 0): shift_round. Reflection
-// folds A = |P - low| over 2 * span, a multiple of 2^32: A mod (K * 2^32) =
-// (floor(A / 2^32) mod K) * 2^32 + (A mod 2^32) with K = 2 * span / 2^32, and floor(A / 2^32) <
-// 2^25, so the quotient by K comes from one float64 product, off by at most one and corrected.
-// The clamp after the padding is the scalar clip (border, reflection), or for zeros [-2, size]
-// pixels (bilinear) and [-2, size + 1] (nearest), where every tap that was outside stays outside.
-struct AxisExact {
-  bool applies;
-  int32_t multiplier_low, multiplier_high, zero;
-  int64_t shift;  // the rounding shift's count: -shift (left where positive)
-  int64_t offset;
-  bool reflect;
-  int64_t reflect_low, span;
-  uint32_t period;  // K
-  double inverse_period;
-  int64_t low, high;
-};
-
-AxisExact plan_axis_exact(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
-                          bool align_corners, bool nearest) {
-  AxisExact exact{};
-  const int64_t one = steps::kOne;
-  const __int128 max_d =
+// The exact form (quantized_forms.h's AxisExact) for int16 grid values, with d = q - zero in
+// 32-bit lanes (see ExactRegisters): |d| < 2^31, so the zero point fits 32 bits too. (int8 grids
+// read a table, but select_kind asks the same of them.)
+AxisExact plan_exact(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
+                     bool align_corners, bool nearest) {
+  const int64_t max_d =
       std::max(std::llabs(-32768 - grid_zero_point), std::llabs(32767 - grid_zero_point));
-  const __int128 limit = static_cast<__int128>(1) << 62;
-  if (axis.multiplier < 0 || axis.shift > 62 || axis.shift < -62 ||
-      max_d >= (static_cast<__int128>(1) << 31) || max_d * axis.multiplier >= limit ||
-      (axis.shift < 0 && (max_d * axis.multiplier) >= (limit >> -axis.shift)) ||
-      axis.size >= (int64_t(1) << 15)) {
-    return exact;
+  if (max_d >= (int64_t(1) << 31)) {
+    return AxisExact{};
   }
-  exact.applies = true;
-  const uint64_t multiplier = static_cast<uint64_t>(axis.multiplier);
-  const uint32_t ml = static_cast<uint32_t>(multiplier & 0xffffffffu);
-  exact.multiplier_low = static_cast<int32_t>(ml);
-  exact.multiplier_high = static_cast<int32_t>((multiplier >> 32) + (ml >> 31));
-  exact.zero = static_cast<int32_t>(grid_zero_point);
-  exact.shift = -axis.shift;
-  exact.offset = axis.offset;
-  const int64_t size = axis.size;
-  exact.low = 0;
-  exact.high = (size - 1) * one;
-  if (padding == Padding::kZeros) {
-    exact.low = -2 * one;
-    exact.high = (nearest ? size + 1 : size) * one;
-  } else if (padding == Padding::kReflection && !(align_corners && size == 1)) {
-    // (align_corners with one pixel: the scalar steps give 0, as the clip to [0, 0] does)
-    exact.reflect = true;
-    exact.reflect_low = align_corners ? 0 : -one / 2;
-    exact.span = (align_corners ? size - 1 : size) * one;
-    exact.period = static_cast<uint32_t>(2 * (align_corners ? size - 1 : size));
-    exact.inverse_period = 1.0 / static_cast<double>(exact.period);
-  }
-  return exact;
-}
-
-// The requantization multiplier and shift reduced to M = m * 2^t, k - t, when m < 2^8 and
-// k - t <= 24 (equal image and output scales: m = 1, k - t = 15): then |value * m| + 2^(k-t-1)
-// < 255 * 2^15 * 255 + 2^23 < 2^31 and step 5 stays in 32-bit lanes.
-struct NarrowRequant {
-  bool applies;
-  int32_t multiplier;
-  int32_t shift;
-};
-
-NarrowRequant narrow_requant(int64_t multiplier, int64_t shift) {
-  while (multiplier > 0 && (multiplier & 1) == 0 && shift > 1) {
-    multiplier >>= 1;
-    --shift;
-  }
-  return {multiplier > 0 && multiplier < 256 && shift <= 24, static_cast<int32_t>(multiplier),
-          static_cast<int32_t>(shift)};
+  return plan_axis_exact(axis, grid_zero_point, padding, align_corners, nearest, -32768, 32767);
 }
 
 // How the second pass reads the image.
@@ -386,6 +210,12 @@ ETKIT_INLINE inline int32x4_t nearest_tap(int32x4_t q, const NearestRegisters& a
   return vminq_s32(vmaxq_s32(vmovn_high_s64(vmovn_s64(lo), hi), a.low), a.high);
 }
 
+// AxisExact in registers (plan_exact). Step 1's product d * multiplier (d = q - zero within 32
+// bits, the product below 2^62) is formed from two 32 x 32-bit products: with
+// multiplier = mh * 2^32 + ml, ml read as a signed 32-bit lo = ml - 2^32 * [ml >= 2^31], it is
+// d * lo + (d * (mh + [ml >= 2^31])) * 2^32, summed modulo 2^64 (exact: the product is below
+// 2^63). The shift is one rounding shift (srshl by -shift: a left shift where shift <= 0), which
+// is shift_round.
 struct ExactRegisters {
   int32x4_t multiplier_low, multiplier_high, zero;
   int64x2_t shift, offset, low, high;
@@ -396,10 +226,12 @@ struct ExactRegisters {
 };
 
 ExactRegisters exact_registers(const AxisExact& a) {
-  return {vdupq_n_s32(a.multiplier_low),
-          vdupq_n_s32(a.multiplier_high),
-          vdupq_n_s32(a.zero),
-          vdupq_n_s64(a.shift),
+  const uint64_t multiplier = static_cast<uint64_t>(a.multiplier);
+  const uint32_t ml = static_cast<uint32_t>(multiplier & 0xffffffffu);
+  return {vdupq_n_s32(static_cast<int32_t>(ml)),
+          vdupq_n_s32(static_cast<int32_t>((multiplier >> 32) + (ml >> 31))),
+          vdupq_n_s32(static_cast<int32_t>(a.zero)),
+          vdupq_n_s64(-static_cast<int64_t>(a.shift)),
           vdupq_n_s64(a.offset),
           vdupq_n_s64(a.low),
           vdupq_n_s64(a.high),
@@ -407,8 +239,8 @@ ExactRegisters exact_registers(const AxisExact& a) {
           vdupq_n_s64(a.reflect_low),
           vdupq_n_s64(a.span),
           vdupq_n_s64(2 * a.span),
-          vdupq_n_s64(static_cast<int64_t>(a.period)),
-          vdup_n_u32(a.period),
+          vdupq_n_s64(a.period),
+          vdup_n_u32(static_cast<uint32_t>(a.period)),
           vdupq_n_f64(a.inverse_period)};
 }
 
@@ -558,7 +390,7 @@ Finish finish_registers(const Setup& s) {
   f.narrow = s.narrow.applies;
   f.unit = s.narrow.multiplier == 1;
   f.narrow_multiplier = vdupq_n_s32(s.narrow.multiplier);
-  f.narrow_shift = vdupq_n_s32(-s.narrow.shift);
+  f.narrow_shift = vdupq_n_s32(static_cast<int32_t>(-s.narrow.shift));
   f.wide_multiplier = vdupq_n_s32(static_cast<int32_t>(s.wide_multiplier));
   f.wide_shift = vdupq_n_s64(-s.wide_shift);
   f.zero_point = s.output_zero != 0;
@@ -1392,8 +1224,8 @@ bool select_kind(const View4<const int8_t>& image, const View4<OutT>& output,
   // the grid's zero point lies within int16); int8 grids read a table
   const bool nearest = plan.params.mode == Mode::kNearest;
   for (const AxisPlan* axis : {&plan.x, &plan.y}) {
-    if (!plan_axis_exact(*axis, plan.grid_zero_point, plan.params.padding,
-                         plan.params.align_corners, nearest)
+    if (!plan_exact(*axis, plan.grid_zero_point, plan.params.padding, plan.params.align_corners,
+                    nearest)
              .applies) {
       return false;
     }
@@ -1426,20 +1258,15 @@ void make_setup(const View4<const int8_t>& image, const View4<const GridT>& grid
   s->kind = kind;
   s->nearest = p.params.mode == Mode::kNearest;
   s->pairs = grid.strides[2] == 2 && grid.strides[3] == 1;
-  s->integer_x = plan_axis_integer(p.x, p.grid_zero_point, padding);
-  s->integer_y = plan_axis_integer(p.y, p.grid_zero_point, padding);
+  s->integer_x = plan_integer(p.x, p.grid_zero_point, padding, kInt16);
+  s->integer_y = plan_integer(p.y, p.grid_zero_point, padding, kInt16);
   s->nearest_x = plan_axis_nearest(p.x, p.grid_zero_point, padding);
   s->nearest_y = plan_axis_nearest(p.y, p.grid_zero_point, padding);
-  s->exact_x = plan_axis_exact(p.x, p.grid_zero_point, padding, p.params.align_corners, s->nearest);
-  s->exact_y = plan_axis_exact(p.y, p.grid_zero_point, padding, p.params.align_corners, s->nearest);
+  s->exact_x = plan_exact(p.x, p.grid_zero_point, padding, p.params.align_corners, s->nearest);
+  s->exact_y = plan_exact(p.y, p.grid_zero_point, padding, p.params.align_corners, s->nearest);
   if (!kInt16) {
     s->form = Form::kTable;
-    for (int v = -128; v < 128; ++v) {
-      const int64_t px = steps::pixel_coordinate(v, p, p.x);
-      const int64_t py = steps::pixel_coordinate(v, p, p.y);
-      s->table_x[v + 128] = s->nearest ? nearest_index(px, p.x.size) : scalar_tap(px, p.x.size);
-      s->table_y[v + 128] = s->nearest ? nearest_index(py, p.y.size) : scalar_tap(py, p.y.size);
-    }
+    fill_axis_tables(p, s->nearest, s->table_x, s->table_y);
   } else if (!s->nearest && s->integer_x.applies && s->integer_y.applies) {
     s->form = Form::kInteger;
   } else if (s->nearest && s->nearest_x.applies && s->nearest_y.applies) {

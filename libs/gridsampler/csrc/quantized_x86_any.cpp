@@ -9,9 +9,9 @@
 //
 // 1. Steps 1 to 3 of each axis (they do not depend on the channels): Q = round(P / 2^17) for
 //    bilinear (x0 = Q >> 15, wx = Q & 0x7fff, as scalar_tap), the pixel index for nearest. Int16
-//    grids take the integer or float64 forms of quantized_x86_common.h where they apply (zeros and
-//    border padding), else the exact 64-bit form (any padding); int8 grids read a table of the
-//    scalar steps' result for each of the 256 grid values.
+//    grids take the integer or float64 forms (quantized_forms.h, quantized_x86_common.h) where
+//    they apply (zeros and border padding), else the exact 64-bit form (any padding); int8 grids
+//    read a table of the scalar steps' result for each of the 256 grid values.
 // 2. Per layout, the taps, steps 4 and 5 and the stores:
 //    - planar images (NCHW, or one channel): per channel plane, the two taps of a row are one
 //      32-bit gather (the upper and the lower row: two), their four bytes one 32-bit lane
@@ -1634,12 +1634,7 @@ void make_setup(const View4<const int8_t>& image, const View4<const GridT>& grid
   using C = Coordinates;
   if (!kInt16) {
     s->coordinates = C::kTable;
-    for (int v = -128; v < 128; ++v) {
-      const int64_t px = steps::pixel_coordinate(v, p, p.x);
-      const int64_t py = steps::pixel_coordinate(v, p, p.y);
-      s->table_x[v + 128] = s->nearest ? nearest_index(px, p.x.size) : scalar_tap(px, p.x.size);
-      s->table_y[v + 128] = s->nearest ? nearest_index(py, p.y.size) : scalar_tap(py, p.y.size);
-    }
+    fill_axis_tables(p, s->nearest, s->table_x, s->table_y);
   } else if (!s->nearest && s->integer_x.applies && s->integer_y.applies) {
     s->split_x = plan_axis_split(s->integer_x);
     s->split_y = plan_axis_split(s->integer_y);

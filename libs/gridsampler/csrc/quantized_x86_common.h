@@ -1,7 +1,9 @@
 // What the vectorized x86 kernels share (quantized_x86.cpp: bilinear 4-channel channels-last;
 // quantized_x86_any.cpp: every other mode and layout): the vector forms of steps 1 and 2, the
 // requantization constants and the AVX-512 weight layout. Internal to the native library; every
-// form gives the scalar steps' bits (quantized_steps.h), each derivation beside the code.
+// form gives the scalar steps' bits (quantized_steps.h), each derivation beside the code. The
+// plans the NEON kernel shares (AxisInteger, AxisNearest, AxisExact, NarrowRequant, scalar_tap,
+// nearest_index) are in quantized_forms.h.
 #pragma once
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
@@ -16,6 +18,7 @@
 #include <cstdlib>
 
 #include "quantized.h"
+#include "quantized_forms.h"
 #include "quantized_steps.h"
 
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own undefined-vector idiom.
@@ -59,64 +62,6 @@ inline AxisVector plan_axis_vector(const AxisPlan& axis, int64_t grid_zero_point
   vector.low = padding == Padding::kBorder ? 0.0 : -2.0 * 65536.0;
   vector.high = padding == Padding::kBorder ? size16 - 65536.0 : size16;
   return vector;
-}
-
-// The tap coordinate and weight of one axis as one int32, Q = round(P / 2^17) (halves up) with
-// P clamped as AxisVector says: x0 = Q >> 15 and w = Q & 0x7fff. Where the scalar weight is 2^15
-// (the upper tap alone), Q names the upper tap with weight 0: the same value, and 15-bit weights.
-inline int32_t scalar_tap(int64_t coord, int64_t size) {
-  const int64_t clamped = std::min(std::max(coord, -2 * steps::kOne), size * steps::kOne);
-  return static_cast<int32_t>(steps::shift_round(clamped, 17));
-}
-
-// Steps 1 and 2 and the Q of step 3 for one axis of an int16 grid with zeros or border padding,
-// in 64-bit integer lanes. With F = floor(P / 2^16) clamped as AxisVector says, Q = floor((F +
-// 1) / 2); F = floor((d * M + R) / 2^K) + offset / 2^16 with d = q - zero, K = s + 16 and
-// R = 2^(s-1) (0 when s <= 0), so Q = floor((q * M + C) / 2^S) with S = K + 1 and
-// C = R - zero * M + (offset / 2^16 + 1) * 2^K, clamped to half the bounds of F (the map
-// F -> floor((F + 1) / 2) is monotone and the bounds are even). Halving M and S together while M
-// is even and halving C (floor) leaves Q unchanged, as q * M is an integer. It applies when
-// M < 2^31 (one 32 x 32 -> 64-bit multiply), S <= 32 and Q stays below 2^30 in magnitude.
-struct AxisInteger {
-  bool applies;
-  int32_t multiplier;
-  int64_t constant;
-  int shift;
-  int32_t low, high;
-};
-
-inline AxisInteger plan_axis_integer(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
-                              bool int16_grid) {
-  AxisInteger integer{};
-  if (!int16_grid || padding == Padding::kReflection || axis.multiplier <= 0 ||
-      axis.shift < -16 || axis.shift > 40) {
-    return integer;
-  }
-  const int64_t k = axis.shift + 16;
-  __int128 multiplier = axis.multiplier;
-  __int128 constant = (axis.shift > 0 ? (static_cast<__int128>(1) << (axis.shift - 1)) : 0) +
-                      ((static_cast<__int128>(axis.offset >> 16) + 1) << k) -
-                      static_cast<__int128>(grid_zero_point) * multiplier;
-  int64_t shift = k + 1;
-  while (shift > 0 && (multiplier & 1) == 0) {
-    multiplier >>= 1;
-    constant >>= 1;  // an arithmetic shift: floor(C / 2)
-    --shift;
-  }
-  const __int128 extreme = 32768 * multiplier + (constant < 0 ? -constant : constant);
-  if (multiplier >= (static_cast<__int128>(1) << 31) || shift > 32 ||
-      extreme >= (static_cast<__int128>(1) << 62) ||
-      (extreme >> shift) >= (static_cast<__int128>(1) << 30)) {
-    return integer;
-  }
-  integer.applies = true;
-  integer.multiplier = static_cast<int32_t>(multiplier);
-  integer.constant = static_cast<int64_t>(constant);
-  integer.shift = static_cast<int>(shift);
-  const bool border = padding == Padding::kBorder;
-  integer.low = border ? 0 : -65536;
-  integer.high = static_cast<int32_t>((border ? axis.size - 1 : axis.size) * 32768);
-  return integer;
 }
 
 // AxisInteger in 32-bit lanes, from the grid's (x, y) pairs as they are (16-bit multiply-adds
@@ -167,24 +112,6 @@ inline AxisSplit plan_axis_split(const AxisInteger& axis) {
 // How a kernel computes steps 1 and 2: integer (64-bit or split 32-bit) or float64 lanes (int16
 // grids in (x, y) pairs, zeros or border padding) or the scalar steps.
 enum class Coordinates { kInteger, kFloat, kScalar, kExact, kTable, kNearest, kSplit };
-
-// The requantization multiplier and shift reduced to M = m * 2^t, k - t, when m < 2^8 and
-// k - t <= 24 (for example, equal image and output scales: m = 1, k - t = 15); then
-// |value * m| + 2^(k-t-1) < 2^31 and requantize8 stays in 32-bit lanes.
-struct NarrowRequant {
-  bool applies;
-  int32_t multiplier;
-  int64_t shift;
-};
-
-inline NarrowRequant narrow_requant(int64_t multiplier, int64_t shift) {
-  while (multiplier > 0 && (multiplier & 1) == 0 && shift > 1) {
-    multiplier >>= 1;
-    --shift;
-  }
-  return {multiplier > 0 && multiplier < 256 && shift <= 24, static_cast<int32_t>(multiplier),
-          shift};
-}
 
 // The subsets avx512_supported requires, for both AVX-512 passes.
 #define ETKIT_AVX512 \
@@ -330,69 +257,6 @@ inline WideSample plan_wide_sample(const QuantizedPlan& p, const NarrowRequant& 
   return s;
 }
 
-// Steps 1 and 2 exactly as the scalar steps compute them, in 64-bit lanes, for any padding: then
-// step 3's Q (bilinear, see scalar_tap) or the nearest pixel index (nearest_index). The lanes do
-// the scalar operations themselves: P = shift_round(d * multiplier, s) + offset (or an exact left
-// shift), one 64 x 64-bit product, exact while |d| * multiplier < 2^62; the padding's clamp; and
-// reflection's |P - low| mod 2 * span, whose span is a multiple of 2^32: with A = |P - low|,
-// A mod (K * 2^32) = (floor(A / 2^32) mod K) * 2^32 + (A mod 2^32), K = 2 * span / 2^32, and
-// floor(A / 2^32) < 2^25, so its quotient by K comes from one float64 product, off by at most
-// one and corrected. Bilinear zeros padding clamps P to [-2, size] pixels (scalar_tap), nearest
-// to [-2, size + 1]: either way a tap that was outside stays outside.
-struct AxisExact {
-  bool applies;
-  int64_t multiplier, round, offset, zero;
-  int shift;  // > 0: shift_round by shift; <= 0: left shift by -shift
-  bool reflect;
-  int64_t reflect_low, span;
-  int64_t period;  // K
-  double inverse_period;
-  int64_t low, high;  // the clamp after the padding
-};
-
-inline AxisExact plan_axis_exact(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
-                                 bool align_corners, bool nearest, int64_t grid_min,
-                                 int64_t grid_max) {
-  AxisExact exact{};
-  const int64_t one = steps::kOne;
-  const __int128 max_d = std::max(std::llabs(grid_min - grid_zero_point),
-                                  std::llabs(grid_max - grid_zero_point));
-  const __int128 limit = static_cast<__int128>(1) << 62;
-  if (axis.multiplier < 0 || axis.shift > 62 || axis.shift < -62 ||
-      max_d * axis.multiplier >= limit ||
-      (axis.shift < 0 && (max_d * axis.multiplier) >= (limit >> -axis.shift)) ||
-      axis.size >= (int64_t(1) << 15)) {
-    return exact;
-  }
-  exact.applies = true;
-  exact.multiplier = axis.multiplier;
-  exact.shift = static_cast<int>(axis.shift);
-  exact.round = axis.shift > 0 ? int64_t(1) << (axis.shift - 1) : 0;
-  exact.offset = axis.offset;
-  exact.zero = grid_zero_point;
-  const int64_t size = axis.size;
-  exact.low = 0;
-  exact.high = (size - 1) * one;
-  if (padding == Padding::kZeros) {
-    exact.low = -2 * one;
-    exact.high = (nearest ? size + 1 : size) * one;
-  } else if (padding == Padding::kReflection && !(align_corners && size == 1)) {
-    exact.reflect = true;
-    exact.reflect_low = align_corners ? 0 : -one / 2;
-    exact.span = (align_corners ? size - 1 : size) * one;
-    exact.period = 2 * (align_corners ? size - 1 : size);
-    exact.inverse_period = 1.0 / static_cast<double>(exact.period);
-  }
-  return exact;
-}
-
-// The nearest pixel index of one axis (steps 2 and 3), clamped like AxisExact: outside stays
-// outside, and the index fits 32 bits.
-inline int32_t nearest_index(int64_t coord, int64_t size) {
-  const int64_t clamped = std::min(std::max(coord, -2 * steps::kOne), (size + 1) * steps::kOne);
-  return static_cast<int32_t>(steps::round_half_even(clamped));
-}
-
 struct AxisExact512 {
   __m512i multiplier, round, offset, zero, low, high;
   __m512i reflect_low, span, double_span, period, low_half;
@@ -464,66 +328,6 @@ ETKIT_AVX512 inline __m512i exact_tap(__m512i q, const AxisExact512& a) {
   return _mm512_inserti64x4(
       _mm512_castsi256_si512(exact_tap8<kNearest>(_mm512_castsi512_si256(q), a)),
       exact_tap8<kNearest>(_mm512_extracti64x4_epi64(q, 1), a), 1);
-}
-
-// The nearest pixel index of an int16 grid with zeros or border padding in the integer form:
-// with G = P + 2^31 (offset + 2^31 = size * 2^31), round-half-up(P / 2^32) = floor(G / 2^32) and
-// G = floor((q * M + C) / 2^s) (shift_round folded into C, as in AxisInteger), so the index
-// rounded half up is floor(X / 2^S) with X = q * M + C, S = s + 32; P is a tie exactly when
-// G mod 2^32 = 0, that is X mod 2^S < 2^s, and halves to even then take the index below when the
-// one above is odd. Halving M, C (floor) and s together while M is even keeps both the quotient
-// and the tie test (X = 2 X' + b: X mod 2^S < 2^s iff X' mod 2^(S-1) < 2^(s-1)); with s = 0, C
-// must be even too. It applies when M < 2^31 and |X| < 2^62. The padding clamps the index
-// (clip commutes with rounding to integers: both are monotone and the bounds are integers).
-struct AxisNearest {
-  bool applies;
-  int32_t multiplier;
-  int64_t constant;
-  int shift;             // S
-  int64_t tie_limit;     // 2^s
-  int32_t low, high;     // the index clamp: [-2, size + 1] (zeros), [0, size - 1] (border)
-};
-
-inline AxisNearest plan_axis_nearest(const AxisPlan& axis, int64_t grid_zero_point,
-                                     Padding padding) {
-  AxisNearest nearest{};
-  if (padding == Padding::kReflection || axis.multiplier < 0 || axis.shift > 62 ||
-      axis.shift < -30) {
-    return nearest;
-  }
-  __int128 multiplier = axis.multiplier;
-  int64_t s = axis.shift;
-  if (s < 0) {
-    multiplier <<= -s;
-    s = 0;
-  }
-  const __int128 g_offset = static_cast<__int128>(axis.size) << 31;  // offset + 2^31
-  __int128 constant = (s > 0 ? (static_cast<__int128>(1) << (s - 1)) : 0) -
-                      static_cast<__int128>(grid_zero_point) * multiplier + (g_offset << s);
-  int64_t shift = s + 32;
-  while (multiplier > 0 && (multiplier & 1) == 0) {
-    if (s == 0 && (constant & 1) != 0) {
-      break;
-    }
-    multiplier >>= 1;
-    constant >>= 1;  // floor(C / 2)
-    --shift;
-    s = s > 0 ? s - 1 : 0;
-  }
-  const __int128 extreme = 32768 * multiplier + (constant < 0 ? -constant : constant);
-  if (multiplier >= (static_cast<__int128>(1) << 31) || shift > 62 || shift < 1 ||
-      extreme >= (static_cast<__int128>(1) << 62) || axis.size >= (int64_t(1) << 15)) {
-    return nearest;
-  }
-  nearest.applies = true;
-  nearest.multiplier = static_cast<int32_t>(multiplier);
-  nearest.constant = static_cast<int64_t>(constant);
-  nearest.shift = static_cast<int>(shift);
-  nearest.tie_limit = int64_t(1) << s;
-  const bool border = padding == Padding::kBorder;
-  nearest.low = border ? 0 : -2;
-  nearest.high = static_cast<int32_t>(border ? axis.size - 1 : axis.size + 1);
-  return nearest;
 }
 
 struct AxisNearest512 {
