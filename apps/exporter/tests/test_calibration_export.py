@@ -213,3 +213,38 @@ def test_clipping_inside_the_graph_is_reported_loudly(
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert any(e["name"] == record.name and not e["passes"] for e in report["saturation"])
     assert "**clips**" in (tmp_path / "out" / "report.md").read_text()
+
+
+class PlainWarp(torch.nn.Module):
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        return F.grid_sample(image, grid, align_corners=False)
+
+
+def test_samplers_read_a_fixed_input_as_given_unless_its_range_is_far_too_wide(
+    tmp_path: Path,
+) -> None:
+    """By default a grid sampler reads an image input with the input's fixed parameters (no
+    requantize before it). An input range 100 times wider than its data would put the
+    sampler's image / output scale past the kernel's 32 and leave it undelegated: then the
+    sampler requantizes its image with its own calibrated qspec instead, and stays delegated.
+    (Images in [-3, 3]: the calibrated image qspec is observed int8, affine, which PT2E does
+    not merge with a symmetric input's.)"""
+    from etkit_quant import covering, qformat
+
+    generator = torch.Generator().manual_seed(3)
+    inputs = (
+        torch.rand(1, 4, 16, 16, generator=generator) * 6 - 3,
+        torch.rand(1, 8, 8, 2, generator=generator) * 2 - 1,
+    )
+    for name, image_qspec, read_as_given in (
+        ("fits", qformat(5), True),  # +-3.97
+        ("too-wide", covering(300.0, torch.int8), False),
+    ):
+        result = export_model(
+            PlainWarp(), inputs, artifacts_root=tmp_path / name, target="xnnpack",
+            quantized_input_qspecs=(image_qspec, snorm16()), verify=True,
+        )  # fmt: skip
+        (sampler,) = result.report["grid_samplers"]  # delegated either way
+        image_scale = result.io_quant_params["inputs"][0]["scale"]
+        assert (sampler["image"]["scale"] == pytest.approx(image_scale)) == read_as_given
+        assert _float_db(result) > (30 if read_as_given else 0)

@@ -26,11 +26,15 @@ from etkit_exporter.diagnostics import root_cause
 from etkit_exporter.provenance import shared_provenance
 from etkit_quant import (
     BoundaryQuantizer,
+    ObservedRange,
     Saturation,
     boundary_fixed_qspecs,
     check_calibration,
     clipping_report,
     default_qspecs,
+    describe_qspec,
+    fixed_qparams,
+    is_fixed,
     observe_ranges,
     saturation_report,
 )
@@ -635,16 +639,23 @@ def _boundary_quantizer(
     def chosen(value: SamplerQSpec, default: QuantizationSpec) -> QuantizationSpec | None:
         return default if isinstance(value, _Calibrated) else value
 
+    input_qspecs = quant.inputs if quant.inputs is not None else defaults.input_qspecs
+    output_qspecs = quant.outputs if quant.outputs is not None else defaults.output_qspecs
+    observed_boundaries = list(zip(observation.inputs, input_qspecs, strict=False)) + list(
+        zip(observation.outputs, output_qspecs, strict=False)
+    )
+
     quantizer = BoundaryQuantizer(
         base,
-        input_qspecs=quant.inputs if quant.inputs is not None else defaults.input_qspecs,
-        output_qspecs=quant.outputs if quant.outputs is not None else defaults.output_qspecs,
+        input_qspecs=input_qspecs,
+        output_qspecs=output_qspecs,
         grid_sampler_image_qspec=chosen(quant.sampler_image, defaults.grid_sampler_image_qspec),
         grid_sampler_grid_qspec=chosen(quant.sampler_grid, defaults.grid_sampler_grid_qspec),
         grid_sampler_output_qspec=chosen(quant.sampler_output, defaults.grid_sampler_output_qspec),
         # A calibrated image qspec only fills in for images that arrive in float: one the
         # model already quantizes is read as it is, not requantized before the sampler.
-        grid_sampler_image_from_producer=isinstance(quant.sampler_image, _Calibrated),
+        grid_sampler_image_from_producer=isinstance(quant.sampler_image, _Calibrated)
+        and _fixed_boundaries_fit_samplers(observed_boundaries),
     )
     quantizer.check_counts(num_inputs, len(observation.outputs))
     try:
@@ -655,6 +666,31 @@ def _boundary_quantizer(
         )
         saturations = saturation_report(observation, quantizer)
     return quantizer, saturations
+
+
+def _fixed_boundaries_fit_samplers(
+    boundaries: list[tuple[ObservedRange, QuantizationSpec | None]],
+) -> bool:
+    """Whether a grid sampler can read an int8 boundary's fixed parameters as they are: the integer
+    kernel requantizes by image scale / output scale <= 32, and a sampler's calibrated output
+    qspec covers about what its image holds, so a fixed range more than 16 times wider than
+    the data it was observed to carry (a boundary using under 1/16 of its range) could leave a
+    sampler outside the contract, and undelegated. Then every sampler keeps its own image
+    qspec (a requantize before it), as with an explicit one."""
+    for observed, qspec in boundaries:
+        if qspec is None or qspec.dtype != torch.int8 or not is_fixed(qspec) or not observed.count:
+            continue  # (only int8 images are read as produced)
+        params = fixed_qparams(qspec)
+        span = max(abs(params.low), abs(params.high))
+        if observed.max_abs * 16 < span:
+            logger.info(
+                "%s uses under 1/16 of its fixed range %s: grid samplers requantize their "
+                "images rather than read it as it is",
+                observed.name,
+                describe_qspec(qspec),
+            )
+            return False
+    return True
 
 
 def _backend(target: str, intermediates: Path, tosa_spec: str) -> tuple[Any, Any, str | None]:
