@@ -248,3 +248,29 @@ def test_samplers_read_a_fixed_input_as_given_unless_its_range_is_far_too_wide(
         image_scale = result.io_quant_params["inputs"][0]["scale"]
         assert (sampler["image"]["scale"] == pytest.approx(image_scale)) == read_as_given
         assert _float_db(result) > (30 if read_as_given else 0)
+
+
+def test_a_sampler_left_undelegated_is_reported_loudly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Images in [-1, 1] given an input range of +-100: PT2E reads the sampler's image (SNORM8,
+    symmetric like the input's) with the input's 100/127 steps, the image / output scale of
+    100 is past the kernel's 32, and the sampler stays outside its delegate. The export says
+    so on the console, naming the node and the reason, as the report's table does."""
+    from etkit_quant import covering
+
+    generator = torch.Generator().manual_seed(4)
+    inputs = (
+        torch.rand(1, 4, 16, 16, generator=generator) * 2 - 1,
+        torch.rand(1, 8, 8, 2, generator=generator) * 2 - 1,
+    )
+    with caplog.at_level(logging.WARNING, logger="etkit_exporter.pipeline"):
+        result = export_model(
+            PlainWarp(), inputs, artifacts_root=tmp_path / "wide", target="xnnpack",
+            quantized_input_qspecs=(covering(100.0, torch.int8), snorm16()),
+        )  # fmt: skip
+    assert result.report["grid_samplers"] == []
+    (outside,) = [o for o in result.report["outside_delegates"] if "grid_sampler" in o["op"]]
+    warnings = [r.getMessage() for r in caplog.records if "is not delegated" in r.getMessage()]
+    assert len(warnings) == 1 and outside["node"] in warnings[0]
+    assert "exceeds 32" in warnings[0]

@@ -472,6 +472,13 @@ def _run(
     grid_partitioner = GridSamplerPartitioner()
     with stages.stage("lower_grid_sampler"):
         manager = manager.to_backend(grid_partitioner)
+    for rejection in grid_partitioner.rejections:  # loud: the user asked for a delegated sampler
+        logger.warning(
+            "grid sampler %s is not delegated (it runs as ExecuTorch's portable float kernel, on "
+            "the CPU): %s",
+            rejection.node,
+            rejection.reason,
+        )
     with stages.stage("pin_layouts"):
         # to_executorch re-traces the program: without this, delegate outputs get the layout
         # their operators compute (a grid sampler's is NCHW), not the one they were compiled for
