@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "libs" / "gridsampler" / "tests"))
 
 import neon_qemu  # noqa: E402  (the test helper that builds and speaks to the driver)
+from gridsampler_bench import lookup_grid, smooth_flow_grid  # noqa: E402  (the same grids)
 
 from etkit_gridsampler import GridSampleOp, QParams, cpu  # noqa: E402
 
@@ -67,25 +68,6 @@ WORKLOADS = [
     Workload("540p 16 channels bilinear", 16, 540, 960),
     Workload("540p 5 channels bilinear", 5, 540, 960),
 ]
-
-
-def smooth_flow_grid(height: int, width: int) -> torch.Tensor:
-    """As bench/gridsampler_bench.py: identity plus a smooth flow of about 1 % of the image."""
-    ys, xs = torch.linspace(-1, 1, height), torch.linspace(-1, 1, width)
-    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-    flow_x = 0.01 * torch.sin(gy * 3.1) + 0.004 * torch.cos(gx * 5.3)
-    flow_y = 0.008 * torch.cos(gx * 2.7) - 0.003 * torch.sin(gy * 4.1)
-    return torch.stack((gx + flow_x, gy + flow_y), -1).unsqueeze(0)
-
-
-def lookup_grid(batch: int, height: int, width: int, generator: torch.Generator) -> torch.Tensor:
-    """batch x 9 x 9 x 2 (align_corners): a random point per image, -4..4 pixels around it."""
-    cx = torch.rand(batch, generator=generator) * (width - 1)
-    cy = torch.rand(batch, generator=generator) * (height - 1)
-    steps = torch.linspace(-4, 4, 9)
-    dy, dx = torch.meshgrid(steps, steps, indexing="ij")
-    x, y = cx[:, None, None] + dx, cy[:, None, None] + dy
-    return torch.stack((2 * x / (width - 1) - 1, 2 * y / (height - 1) - 1), -1)
 
 
 def quantize_grid(grid: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@
 #include <cstdlib>
 
 #include "hwy_sampler.h"
+#include "quantized_forms.h"
 #include "quantized_steps.h"
 
 #ifndef ETKIT_HWY_PLAN_ONCE
@@ -40,15 +41,9 @@ namespace etkit::hwybench {
 namespace gs = gridsampler;
 
 // Steps 1 and 2 and step 3's Q (x0 << 15 | w) for an int16 grid with zeros or border padding, in
-// 64-bit integer lanes: Q = clamp(floor((q * M + C) / 2^S), low, high); quantized_forms.h's
-// AxisInteger derives it.
-struct AxisInt {
-  bool applies;
-  int32_t multiplier;
-  int64_t constant;
-  int shift;
-  int32_t low, high;
-};
+// 64-bit integer lanes: Q = clamp(floor((q * M + C) / 2^S), low, high), derived by
+// quantized_forms.h (the library's AxisInteger, as the hand-written kernels use it).
+using AxisInt = gs::AxisInteger;
 
 // Everything the passes need beyond the scalar plan.
 struct HwyPlan {
@@ -67,52 +62,15 @@ struct HwyPlan {
   int32_t output_zero, output_min, output_max;
 };
 
-inline AxisInt plan_axis_int(const gs::AxisPlan& axis, int64_t grid_zero_point,
-                             gs::Padding padding) {
-  AxisInt a{};
-  if (padding == gs::Padding::kReflection || axis.multiplier <= 0 || axis.shift < -16 ||
-      axis.shift > 40) {
-    return a;
-  }
-  const int64_t k = axis.shift + 16;
-  __int128 multiplier = axis.multiplier;
-  __int128 constant = (axis.shift > 0 ? (static_cast<__int128>(1) << (axis.shift - 1)) : 0) +
-                      ((static_cast<__int128>(axis.offset >> 16) + 1) << k) -
-                      static_cast<__int128>(grid_zero_point) * multiplier;
-  int64_t shift = k + 1;
-  while (shift > 0 && (multiplier & 1) == 0) {
-    multiplier >>= 1;
-    constant >>= 1;
-    --shift;
-  }
-  const __int128 extreme = 32768 * multiplier + (constant < 0 ? -constant : constant);
-  if (multiplier >= (static_cast<__int128>(1) << 31) || shift > 32 ||
-      extreme >= (static_cast<__int128>(1) << 62) ||
-      (extreme >> shift) >= (static_cast<__int128>(1) << 30)) {
-    return a;
-  }
-  const bool border = padding == gs::Padding::kBorder;
-  a.applies = true;
-  a.multiplier = static_cast<int32_t>(multiplier);
-  a.constant = static_cast<int64_t>(constant);
-  a.shift = static_cast<int>(shift);
-  a.low = border ? 0 : -65536;
-  a.high = static_cast<int32_t>((border ? axis.size - 1 : axis.size) * 32768);
-  return a;
-}
-
-// Q of a pixel coordinate from the scalar steps (reflection padding, strided grids).
-inline int32_t scalar_tap(int64_t coord, int64_t size) {
-  const int64_t clamped =
-      std::min(std::max(coord, -2 * gs::steps::kOne), size * gs::steps::kOne);
-  return static_cast<int32_t>(gs::steps::shift_round(clamped, 17));
-}
+// Q of a pixel coordinate from the scalar steps (reflection padding, strided grids):
+// gs::scalar_tap.
+using gs::scalar_tap;
 
 inline HwyPlan make_plan(const View4<const int8_t>& image, const View4<const int16_t>& grid,
                          const QuantizedPlan& p) {
   HwyPlan t{};
-  t.x = plan_axis_int(p.x, p.grid_zero_point, p.params.padding);
-  t.y = plan_axis_int(p.y, p.grid_zero_point, p.params.padding);
+  t.x = gs::plan_axis_integer(p.x, p.grid_zero_point, p.params.padding, true);
+  t.y = gs::plan_axis_integer(p.y, p.grid_zero_point, p.params.padding, true);
   t.integer_coords = t.x.applies && t.y.applies && grid.strides[2] == 2 && grid.strides[3] == 1;
   t.last_x0 = static_cast<int32_t>(image.sizes[3] - 2);
   t.last_y0 = static_cast<int32_t>(image.sizes[2] - 2);

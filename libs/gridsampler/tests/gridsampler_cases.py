@@ -4,6 +4,7 @@ pythonpath)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 import torch
 
@@ -130,3 +131,26 @@ ONE_OF_EACH = [  # (image, grid, output) quantizations that reach each vector fo
     (QParams(0.05, -128, -128, 127, torch.int8), GRID_Q[0], OUTPUT_Q[4]),  # zero point -128
 ]
 CHANNELS = [1, 2, 3, 4, 5, 8, 16, 32]  # 5: AVX2 only (any count from 2), else scalar
+
+
+ROW_LENGTHS = (1, 7, 8, 9, 15, 16, 17, 24, 255, 256, 257, 520)
+
+
+def row_length_cases(
+    generator: torch.Generator,
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(output width, image, grid, the grid with other strides) for output rows of every
+    length around the 8- and 16-pixel steps and the 256-pixel blocks: a 4-channel
+    channels-last image 3 pixels wider than the row, a near-identity int16 grid (most taps
+    inside, the right and bottom edges outside) and the same values transposed in memory."""
+    for out_width in ROW_LENGTHS:
+        height, width, out_height = 5, out_width + 3, 4
+        image = random_image((1, 4, height, width), generator)
+        image = image.contiguous(memory_format=torch.channels_last)
+        ys, xs = torch.linspace(-1.02, 1.02, out_height), torch.linspace(-1.02, 1.02, out_width)
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+        flow = torch.stack((gx, gy), -1).unsqueeze(0)
+        flow = flow + 0.01 * torch.randn(flow.shape, generator=generator)
+        grid = torch.clamp(torch.round(flow * 32767), -32768, 32767).to(torch.int16)
+        strided = grid.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+        yield out_width, image, grid, strided

@@ -34,6 +34,7 @@ from gridsampler_cases import (
     every_grid_value,
     near_image_grid,
     random_image,
+    row_length_cases,
 )
 from neon_qemu import Case, Result
 
@@ -269,16 +270,7 @@ def test_row_lengths_and_strided_grids_same_bits_as_scalar(driver: Path) -> None
     not contiguous, and kernel calls of a few rows (as threads make them)."""
     generator = torch.Generator().manual_seed(3)
     batch = Batch()
-    for out_width in (1, 7, 8, 9, 15, 16, 17, 24, 255, 256, 257, 520):
-        height, width, out_height = 5, out_width + 3, 4
-        image = random_image((1, 4, height, width), generator)
-        image = image.contiguous(memory_format=torch.channels_last)
-        ys, xs = torch.linspace(-1.02, 1.02, out_height), torch.linspace(-1.02, 1.02, out_width)
-        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-        flow = torch.stack((gx, gy), -1).unsqueeze(0)
-        flow = flow + 0.01 * torch.randn(flow.shape, generator=generator)
-        grid = torch.clamp(torch.round(flow * 32767), -32768, 32767).to(torch.int16)
-        strided = grid.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    for out_width, image, grid, strided in row_length_cases(generator):
         for padding, output_q in itertools.product(["zeros", "border"], OUTPUT_Q):
             op = GridSampleOp("bilinear", padding, False, SNORM8, SNORM16, output_q)  # type: ignore[arg-type]
             for g, rows in ((grid, 0), (strided, 0), (grid, 3)):
