@@ -313,3 +313,135 @@ def mixed_quantized_inputs(gm: GraphModule) -> list[str]:
         if any(dequantized) and not all(dequantized):
             mixed.append(node.name)
     return mixed
+
+
+# -- models whose network exists to predict the grid: only the coordinate arithmetic is float --
+
+
+def warp_by_pixels(image: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
+    """RIFE's backward warp: ``flow`` (N x 2 x H x W, pixels) over the align_corners=True grid."""
+    _, _, height, width = flow.shape
+    grid = pixel_grid(height, width).permute(0, 3, 1, 2)
+    scale = torch.tensor([(width - 1) / 2, (height - 1) / 2]).view(1, 2, 1, 1)
+    positions = (grid + flow / scale).permute(0, 2, 3, 1)
+    return F.grid_sample(image, positions, padding_mode="border", align_corners=True)
+
+
+class FlowEstimator(torch.nn.Module):
+    """Three convs predict a flow in pixels from two frames; frame 0 is warped by it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(6, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 2, 3, padding=1),
+        )
+        with torch.no_grad():
+            self.net[4].weight.mul_(8.0)  # flows of a few pixels
+
+    def forward(self, frame0: torch.Tensor, frame1: torch.Tensor) -> torch.Tensor:
+        return warp_by_pixels(frame0, self.net(torch.cat([frame0, frame1], 1)))
+
+
+class STNClassifier(torch.nn.Module):
+    """The PyTorch spatial-transformer tutorial in small: localization convs, pooling, two
+    linear layers predict theta; affine_grid; grid_sample; a conv and a linear classify."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.localization = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 4, 5),
+            torch.nn.MaxPool2d(2),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(4, 4, 3),
+            torch.nn.MaxPool2d(2),
+            torch.nn.ReLU(),
+        )
+        self.fc_loc = torch.nn.Sequential(
+            torch.nn.Linear(4 * 2 * 2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 6)
+        )
+        with torch.no_grad():
+            self.fc_loc[2].weight.mul_(0.1)
+            self.fc_loc[2].bias.copy_(torch.tensor([1.0, 0, 0, 0, 1, 0]))
+        self.conv = torch.nn.Conv2d(1, 4, 3, stride=2)
+        self.head = torch.nn.Linear(4 * 7 * 7, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        theta = self.fc_loc(self.localization(x).flatten(1)).view(-1, 2, 3)
+        grid = F.affine_grid(theta, list(x.size()), align_corners=False)
+        warped = F.grid_sample(x, grid, align_corners=False)
+        return self.head(torch.relu(self.conv(warped)).flatten(1))
+
+
+class RIFEShaped(torch.nn.Module):
+    """RIFE's shape: an encoder on both frames, a flow head (two flows, pixels, at half
+    resolution, interpolated up) and a separate mask head; both frames backward-warped and
+    blended by the sigmoid mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encode = torch.nn.Sequential(torch.nn.Conv2d(6, 8, 3, 2, 1), torch.nn.LeakyReLU(0.2))
+        self.flow_head = torch.nn.Conv2d(8, 4, 3, 1, 1)
+        self.mask_head = torch.nn.Conv2d(8, 1, 3, 1, 1)
+        with torch.no_grad():
+            self.flow_head.weight.mul_(4.0)
+
+    def forward(self, img0: torch.Tensor, img1: torch.Tensor) -> torch.Tensor:
+        features = self.encode(torch.cat([img0, img1], 1))
+        flow = F.interpolate(self.flow_head(features), scale_factor=2.0, mode="bilinear") * 2
+        mask = torch.sigmoid(F.interpolate(self.mask_head(features), scale_factor=2.0))
+        warped0 = warp_by_pixels(img0, flow[:, :2])
+        warped1 = warp_by_pixels(img1, flow[:, 2:4])
+        return warped0 * mask + warped1 * (1 - mask)
+
+
+class RAFTShaped(torch.nn.Module):
+    """RAFT's shape, warp form: shared feature convs, the all-pairs correlation (a matmul), a
+    lookup in it (grid_sample at coords + flow), an update conv, the flow upsampled and frame 1
+    backward-warped by it (the only output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fnet = torch.nn.Conv2d(3, 8, 3, 4, 1)
+        self.update = torch.nn.Sequential(
+            torch.nn.Conv2d(1 + 2, 8, 3, 1, 1), torch.nn.ReLU(), torch.nn.Conv2d(8, 2, 3, 1, 1)
+        )
+
+    def forward(self, image1: torch.Tensor, image2: torch.Tensor) -> torch.Tensor:
+        f1, f2 = self.fnet(image1), self.fnet(image2)
+        n, c, h, w = f1.shape
+        corr = torch.matmul(f1.view(n, c, h * w).transpose(1, 2), f2.view(n, c, h * w))
+        corr = corr.view(n * h * w, 1, h, w) / c**0.5
+        coords = coords_grid(h, w)
+        flow = torch.zeros(n, 2, h, w)
+        for _ in range(2):
+            centre = (coords + flow).permute(0, 2, 3, 1).reshape(n * h * w, 1, 1, 2)
+            grid = torch.cat(
+                [2 * centre[..., :1] / (w - 1) - 1, 2 * centre[..., 1:] / (h - 1) - 1], -1
+            )
+            looked = F.grid_sample(corr, grid, align_corners=True).view(n, 1, h, w)
+            flow = flow + self.update(torch.cat([looked, flow], 1))
+        flow_up = 4 * F.interpolate(flow, scale_factor=4, mode="bilinear", align_corners=True)
+        return warp_by_pixels(image2, flow_up)
+
+
+class CopiedGrid(torch.nn.Module):
+    """Coordinates written into a buffer in place (``copy_`` into slices, as kornia does), a
+    ``.to()`` (torch.export writes ``_assert_tensor_metadata``) and a 0-dim constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flow = torch.nn.Conv2d(3, 2, 3, padding=1)
+        self.register_buffer("gain", torch.tensor(0.5))
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        n, _, height, width = image.shape
+        flow = self.flow(image).to(torch.float32)
+        base = pixel_grid(height, width)
+        grid = torch.zeros(n, height, width, 2)
+        grid[..., 0].copy_(base[..., 0] + flow[:, 0] * self.gain)
+        grid[..., 1].copy_(base[..., 1] + flow[:, 1] * self.gain)
+        return F.grid_sample(image, grid, align_corners=False)

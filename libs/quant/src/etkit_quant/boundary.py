@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal, get_args
 
 import torch
 from torch.fx import GraphModule, Node
@@ -17,8 +17,8 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-from etkit_quant.graph import grid_position_nodes, is_grid_sampler, is_shape_op
-from etkit_quant.qspecs import is_fixed, snorm8, snorm16
+from etkit_quant.graph import coordinate_inputs, coordinate_nodes, is_grid_sampler, is_shape_op
+from etkit_quant.qspecs import is_fixed, observed_int8, snorm8, snorm16
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,16 @@ ANNOTATION_KEY: Final = "quantization_annotation"
 # What the Arm backend's lowering reads to decide that a node is quantized
 # (executorch.backends.arm.common.annotation_meta.ArmAnnotationInfo.CUSTOM_META_KEY).
 ARM_ANNOTATION_INFO_KEY: Final = "_arm_annotation_info"
+FLOAT_REASON_KEY: Final = "etkit_float_reason"
+"""The ``node.meta["custom"]`` key under which ``BoundaryQuantizer`` records why it left an op in
+float (``COORDINATE_ARITHMETIC`` or ``USER_CHOICE``); torch.export and ExecuTorch's lowering
+carry ``custom`` metadata to the nodes made from it, so a report of the lowered program can
+say why each float op is float."""
+COORDINATE_ARITHMETIC: Final = "coordinate arithmetic"
+USER_CHOICE: Final = "user choice"
 _DEFAULT: Any = object()
+GridMath = Literal["float", "int"]
+GRID_MATHS: Final = get_args(GridMath)
 
 
 def _check_qspec(qspec: object, what: str, boundary: bool) -> QuantizationSpec | None:
@@ -70,9 +79,16 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
       those parameters instead, so no requantization runs before the sampler (on VGF one before
       a sampler whose image is a graph input runs on the CPU, outside every delegate); the
       image qspec then applies only to images that arrive in float;
-    - with ``keep_grid_positions_float``, removes the base's annotation from the grid-position
-      subgraph (see ``grid_position_nodes``), so grid positions are computed in float and
-      quantized once, at the grid sampler;
+    - with ``grid_math="float"`` (the default), removes the base's annotation from the
+      coordinate arithmetic (``graph.coordinate_nodes``: the elementwise and shape ops, base
+      grids and ``affine_grid`` between the last compute-heavy op and a grid sampler's grid
+      input), so grid positions are computed in float and quantized once, at the grid sampler;
+      the layers that predict the flow or theta stay the base's, and each tensor entering the
+      coordinate arithmetic (``graph.coordinate_inputs``) is quantized with
+      ``coordinate_input_qspec`` (default ``observed_int8()``: calibrated, covering every
+      value, never clipping a flow's extremes as a histogram observer may);
+      ``grid_math="int"`` leaves the base's annotations there too (the coordinate arithmetic
+      runs on integers where the base quantizes it);
     - keeps the Arm backend's annotation record (``node.meta["custom"]``) in step with every
       annotation it changes.
 
@@ -91,10 +107,15 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         grid_sampler_image_qspec: QuantizationSpec | None = _DEFAULT,
         grid_sampler_grid_qspec: QuantizationSpec | None = _DEFAULT,
         grid_sampler_output_qspec: QuantizationSpec | None = _DEFAULT,
-        keep_grid_positions_float: bool = True,
+        grid_math: GridMath = "float",
+        coordinate_input_qspec: QuantizationSpec | None = _DEFAULT,
         grid_sampler_image_from_producer: bool = False,
     ) -> None:
         super().__init__()
+        if grid_math not in GRID_MATHS:
+            raise ValueError(
+                f"grid_math must be one of {', '.join(map(repr, GRID_MATHS))}, got {grid_math!r}"
+            )
         if not isinstance(base, Quantizer):
             raise TypeError(
                 f"base must be a torchao PT2E Quantizer (VgfQuantizer, XNNPACKQuantizer, ...), "
@@ -125,7 +146,17 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             "grid_sampler_output_qspec",
             False,
         )
-        self.keep_grid_positions_float = keep_grid_positions_float
+        self.grid_math: GridMath = grid_math
+        self.coordinate_input_qspec = _check_qspec(
+            observed_int8() if coordinate_input_qspec is _DEFAULT else coordinate_input_qspec,
+            "coordinate_input_qspec",
+            False,
+        )
+        self.coordinate_nodes: tuple[str, ...] = ()
+        """After ``annotate``: the nodes of the coordinate arithmetic left in float."""
+        self.coordinate_inputs: tuple[str, ...] = ()
+        """After ``annotate``: the tensors entering it (quantized with
+        ``coordinate_input_qspec`` where the base quantizes them)."""
         self.grid_sampler_image_from_producer = grid_sampler_image_from_producer
         self._arm_base = type(base).__module__.startswith("executorch.backends.arm")
         self._annotations: dict[str, QuantizationAnnotation] = {}
@@ -150,13 +181,21 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             _unshare_parameters(model, skipped)
             model = self.base.annotate(model)
         floated: set[Node] = set()
-        if self.keep_grid_positions_float:
-            for node in grid_position_nodes(model):
+        if self.grid_math == "float":
+            region = coordinate_nodes(model)
+            for node in region:
                 if ANNOTATION_KEY in node.meta:
-                    logger.debug("grid position %s: base annotation removed", node.name)
+                    logger.debug("coordinate arithmetic %s: base annotation removed", node.name)
                 node.meta[ANNOTATION_KEY] = QuantizationAnnotation(_annotated=True)
                 self._mark_arm(node, quantized=False)
+                mark_float(node, COORDINATE_ARITHMETIC)
                 floated.add(node)
+            entering = coordinate_inputs(model, region)
+            for node in entering:
+                self._annotate_coordinate_input(node)
+            order = {n: k for k, n in enumerate(model.graph.nodes)}
+            self.coordinate_nodes = tuple(n.name for n in sorted(region, key=order.__getitem__))
+            self.coordinate_inputs = tuple(n.name for n in entering)
         for node in model.graph.nodes:
             if is_grid_sampler(node):
                 self._annotate_grid_sampler(node)
@@ -190,6 +229,7 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
                 logger.debug("output %d: requantized from %s to %s", k, computed.dtype, qspec.dtype)
                 continue
             if self._annotate_boundary(node, qspec, f"output {k}"):
+                mark_float(node, USER_CHOICE)
                 floated.add(node)
             # Some bases (Arm) also annotate the output node's inputs: the boundary decides.
             if output_annotation is not None and node in output_annotation.input_qspec_map:
@@ -260,8 +300,27 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             )
         )
         self._mark_arm(node, quantized)
+        if not quantized:
+            mark_float(node, USER_CHOICE)
         if self.grid_sampler_output_qspec is not None:
             self._share_with_consumers(node, self.grid_sampler_output_qspec)
+
+    def _annotate_coordinate_input(self, node: Node) -> None:
+        """A tensor entering the coordinate arithmetic (a predicted flow or theta) that the base
+        quantizes with calibrated parameters of its own takes ``coordinate_input_qspec``, and
+        its quantized consumers read it so (one observer). Graph inputs are the boundary's,
+        parameters shared with the op's inputs (a reshape's) and fixed ones (a sigmoid's
+        exact range) stay the base's."""
+        qspec = self.coordinate_input_qspec
+        annotation = node.meta.get(ANNOTATION_KEY)
+        if qspec is None or node.op != "call_function" or annotation is None:
+            return
+        base = annotation.output_qspec
+        if not isinstance(base, QuantizationSpec) or is_fixed(base):
+            return
+        annotation.output_qspec = qspec
+        logger.debug("coordinate input %s: %s", node.name, qspec)
+        self._share_with_consumers(node, qspec)
 
     def _annotate_boundary(self, node: Node, qspec: QuantizationSpec | None, what: str) -> bool:
         """Gives ``node``'s output ``qspec``; returns whether that made an op compute in
@@ -347,6 +406,24 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
                 source_annotation.output_qspec = qspec
             if shared and source.op == "call_function":
                 self._share_with_inputs(source, qspec)
+
+
+def mark_float(node: Node, reason: str) -> None:
+    """Records in ``node.meta["custom"]`` (``FLOAT_REASON_KEY``) why ``node`` computes in
+    float."""
+    if node.op != "call_function":
+        return
+    custom = node.meta.get("custom", {})
+    custom[FLOAT_REASON_KEY] = reason
+    node.meta["custom"] = custom
+
+
+def float_reason(node: Node) -> str | None:
+    """Why ``BoundaryQuantizer`` left ``node`` (or the node it was made from) in float, as
+    ``mark_float`` recorded it; ``None`` when it did not."""
+    custom = node.meta.get("custom")
+    reason = custom.get(FLOAT_REASON_KEY) if isinstance(custom, dict) else None
+    return reason if isinstance(reason, str) else None
 
 
 def _is_float_activation(node: Node) -> bool:

@@ -25,7 +25,14 @@ from torch.fx import GraphModule, Interpreter, Node
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_quant.boundary import BoundaryQuantizer, user_inputs, user_outputs
-from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize, target_name
+from etkit_quant.graph import (
+    coordinate_graph_inputs,
+    coordinate_inputs,
+    is_dequantize,
+    is_grid_sampler,
+    is_quantize,
+    target_name,
+)
 from etkit_quant.qspecs import (
     covering,
     describe_qspec,
@@ -188,6 +195,9 @@ class ObservedRange:
     count: int
     nonfinite: int = 0
     outside: tuple[tuple[float, float, int], ...] = ()
+    coordinates: bool = False
+    """A graph input that flows only into coordinate arithmetic or grid inputs
+    (``graph.coordinate_graph_inputs``): a coordinate map, a flow or a matrix given as input."""
 
     @property
     def max_abs(self) -> float:
@@ -198,9 +208,12 @@ class ObservedRange:
 
     @property
     def is_grid(self) -> bool:
-        """A sampling grid: a grid sampler's grid input, or a grid-shaped (N x H x W x 2)
-        floating-point graph input."""
+        """A sampling grid: a grid sampler's grid input, a grid-shaped (N x H x W x 2)
+        floating-point graph input, or a floating-point graph input that flows only into
+        coordinate arithmetic (``coordinates``)."""
         if self.kind == "grid_sampler_grid":
+            return True
+        if self.kind == "input" and self.coordinates and self.dtype.is_floating_point:
             return True
         return (
             self.kind == "input"
@@ -275,6 +288,7 @@ class _Accumulator:
     count: int = 0
     nonfinite: int = 0
     outside: dict[tuple[float, float], int] = field(default_factory=dict)
+    coordinates: bool = False
 
     def __post_init__(self) -> None:
         value = self.node.meta.get("val")
@@ -327,6 +341,7 @@ class _Accumulator:
             count=self.count,
             nonfinite=self.nonfinite,
             outside=tuple((low, high, n) for (low, high), n in self.outside.items()),
+            coordinates=self.coordinates,
         )
 
 
@@ -424,6 +439,7 @@ def observe_ranges(
     counted = tuple(ranges)
 
     watched: dict[Node, list[_Accumulator]] = {}
+    coordinate_inputs = set(coordinate_graph_inputs(graph_module))
 
     def watch(node: Node, name: str, kind: SiteKind, index: int) -> _Accumulator:
         accumulator = _Accumulator(name, kind, index, node, counted)
@@ -434,6 +450,8 @@ def observe_ranges(
         watch(n, f"input {k} ({n.name})", "input", k)
         for k, n in enumerate(user_inputs(graph_module))
     ]
+    for accumulator in inputs:  # coordinate maps given as inputs are quantized like grids
+        accumulator.coordinates = accumulator.node in coordinate_inputs
     outputs = [
         watch(n, f"output {k} ({n.name})", "output", k)
         for k, n in enumerate(user_outputs(graph_module))
@@ -468,6 +486,98 @@ def observe_ranges(
         grid_sampler_grids=results(grids),
         grid_sampler_outputs=results(sampled),
     )
+
+
+# -- how much rounding the tensors entering the coordinate arithmetic cost ----------------------
+
+POSITION_TOLERANCE_PX: Final = 1 / 32
+"""The largest shift of a sampling position, in pixels of the sampled image, that rounding the
+tensors entering the coordinate arithmetic to int8 may cause before int16 is called for
+(where the backend has int16 activations)."""
+
+
+class _PerturbingInterpreter(Interpreter):
+    """Runs the graph, rounding the values of ``rounded`` (node -> (scale, zero point, qmin,
+    qmax)) as a quantize-dequantize would, recording min/max of ``watched`` and every grid
+    sampler's grid."""
+
+    def __init__(
+        self,
+        module: GraphModule,
+        rounded: dict[Node, tuple[float, float, int, int]],
+        watched: set[Node],
+    ) -> None:
+        super().__init__(module)
+        self.rounded, self.watched = rounded, watched
+        self.ranges: dict[Node, tuple[float, float]] = {}
+        self.grids: list[tuple[Node, torch.Tensor, tuple[int, int], bool]] = []
+
+    def run_node(self, n: Node) -> Any:
+        result = super().run_node(n)
+        if is_grid_sampler(n) and len(n.args) > 1 and isinstance(n.args[1], Node):
+            image, grid = self.env[n.args[0]], self.env[n.args[1]]  # type: ignore[index]
+            corners = bool(n.args[4]) if len(n.args) > 4 else False
+            size = (int(image.shape[-2]), int(image.shape[-1]))
+            self.grids.append((n, grid.detach().clone(), size, corners))
+        if n in self.watched and isinstance(result, torch.Tensor):
+            low, high = (float(v) for v in torch.aminmax(result.detach().float()))
+            old = self.ranges.get(n, (low, high))
+            self.ranges[n] = (min(old[0], low), max(old[1], high))
+        if n in self.rounded and isinstance(result, torch.Tensor):
+            scale, zero, qmin, qmax = self.rounded[n]
+            q = torch.clamp(torch.round(result / scale) + zero, qmin, qmax)
+            result = (q - zero) * scale
+        return result
+
+
+def coordinate_position_error(
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    calibration: Iterable[tuple[torch.Tensor, ...]],
+    *,
+    bits: int = 8,
+) -> float:
+    """The largest shift of any grid sampler's sampling position, in pixels of its image, over
+    the calibration samples, when every tensor entering the coordinate arithmetic
+    (``graph.coordinate_inputs``, graph inputs left out: they are quantized as grids) is
+    rounded to ``bits``-bit integers with the per-tensor parameters a min/max observer would
+    choose over the samples (``observed_int8``, or ``observed_int16`` for 16). 0 when nothing
+    enters (a grid given as input, or no grid sampler)."""
+    given = _materialize(calibration)
+    first = _check_sample(given[0], None, "calibration sample 0")
+    graph_module = _as_graph_module(model, first)
+    samples = [_check_sample(s, None, f"calibration sample {k}") for k, s in enumerate(given)]
+    entering = {n for n in coordinate_inputs(graph_module) if n.op == "call_function"}
+    if not entering:
+        return 0.0
+    observer = _PerturbingInterpreter(graph_module, {}, entering)
+    clean: list[list[torch.Tensor]] = []
+    with torch.no_grad():
+        for sample in samples:
+            observer.grids = []
+            observer.run(*sample)
+            clean.append([grid for _, grid, _, _ in observer.grids])
+    qmax = 2 ** (bits - 1) - 1
+    rounded = {}
+    for node, (low, high) in observer.ranges.items():
+        low, high = min(low, 0.0), max(high, 0.0)
+        scale = max((high - low) / (2 * qmax), 1e-12) if bits == 8 else max(-low, high) / qmax
+        zero = round(-qmax - low / scale) if bits == 8 else 0
+        rounded[node] = (scale or 1e-12, float(zero), -qmax, qmax)
+    perturbed = _PerturbingInterpreter(graph_module, rounded, set())
+    worst = 0.0
+    with torch.no_grad():
+        for sample, grids in zip(samples, clean, strict=True):
+            perturbed.grids = []
+            perturbed.run(*sample)
+            for (_, grid, (height, width), corners), reference in zip(
+                perturbed.grids, grids, strict=True
+            ):
+                span = torch.tensor(
+                    [width - 1 if corners else width, height - 1 if corners else height]
+                )
+                shift = ((grid - reference).abs() * span / 2).amax()
+                worst = max(worst, float(shift))
+    return worst
 
 
 # -- choosing qspecs from the data --------------------------------------------------------------
@@ -737,6 +847,7 @@ def clipping_report(
     *,
     fixed: Iterable[QuantizationSpec] | None = None,
     on_sample: OnSample | None = None,
+    watch: Iterable[str] = (),
 ) -> tuple[Saturation, ...]:
     """Every quantization inside ``converted`` (a PT2E ``convert_pt2e`` result) that clips
     calibration data, whatever chose its parameters: the backend's quantizer sharing one scale
@@ -749,10 +860,14 @@ def clipping_report(
     observer trimming outliers, is calibration's business). Returns one ``Saturation`` per
     clipping quantization (none when nothing clips), named by the tensor and the ops that read
     it (no suggested qspec: the parameters were not given there; widen the fixed qspec they
-    were shared from, or leave it to calibration)."""
+    were shared from, or leave it to calibration). ``watch``: names of tensors whose
+    quantizations are always checked and reported, clipping or not, whatever their parameters
+    (``BoundaryQuantizer.coordinate_inputs``: a predicted flow in pixels, which a fixed
+    SNORM8 range would clip); they are named ``"coordinate input <name>"``."""
     if not isinstance(converted, GraphModule):
         raise TypeError(f"converted must be a GraphModule, got {type(converted).__name__}")
     samples = [tuple(sample) for sample in calibration]
+    watched_names = set(watch)
     wanted = None
     if fixed is not None:
         wanted = set()
@@ -767,7 +882,7 @@ def clipping_report(
                 )
             )
     watched: dict[Node, list[_Accumulator]] = {}
-    sites: list[tuple[_Accumulator, float, int, int, int, str]] = []
+    sites: list[tuple[_Accumulator, float, int, int, int, str, bool]] = []
     for node in converted.graph.nodes:
         if not is_quantize(node) or len(node.args) < 6:
             continue
@@ -777,21 +892,23 @@ def clipping_report(
         scale, zero_point = float(node.args[1]), int(node.args[2])
         quant_min, quant_max = int(node.args[3]), int(node.args[4])
         key = (float(np.float32(scale)), zero_point, quant_min, quant_max)
-        if wanted is not None and key not in wanted:
+        always = _origin(source).name in watched_names
+        if wanted is not None and key not in wanted and not always:
             continue
         half = scale / 2
         bounds = ((quant_min - zero_point) * scale - half, (quant_max - zero_point) * scale + half)
         readers = _readers(node)
         low, high = (quant_min - zero_point) * scale, (quant_max - zero_point) * scale
-        if _clamps_anyway(readers, low - half, high + half):
+        if _clamps_anyway(readers, low - half, high + half) and not always:
             continue
-        name = f"tensor {_origin(source).name}" + (
+        kind = "coordinate input" if always else "tensor"
+        name = f"{kind} {_origin(source).name}" + (
             f" (as read by {', '.join(r.name for r in readers)})" if readers else ""
         )
         accumulator = _Accumulator(name, "internal", len(sites), source, (bounds,))
         watched.setdefault(source, []).append(accumulator)
         dtype = str(node.args[5]).removeprefix("torch.")
-        sites.append((accumulator, scale, zero_point, quant_min, quant_max, dtype))
+        sites.append((accumulator, scale, zero_point, quant_min, quant_max, dtype, always))
     interpreter = _RangeInterpreter(converted, watched)
     with torch.no_grad():
         for done, sample in enumerate(samples, start=1):
@@ -799,11 +916,11 @@ def clipping_report(
             if on_sample is not None:
                 on_sample(done, len(samples))
     report = []
-    for accumulator, scale, zero_point, quant_min, quant_max, dtype in sites:
+    for accumulator, scale, zero_point, quant_min, quant_max, dtype, always in sites:
         (bounds,) = accumulator.ranges
         observed = accumulator.result()
         count = observed.count_outside(*bounds)
-        if not count:
+        if not count and not always:
             continue
         finite = observed.count > observed.nonfinite
         report.append(

@@ -218,6 +218,21 @@ def observed_int8() -> QuantizationSpec:
     )
 
 
+def observed_int16() -> QuantizationSpec:
+    """``observed_int8``'s int16 counterpart: a static per-tensor int16 qspec whose parameters
+    calibration chooses (``MinMaxObserver``, symmetric, range [-32767, 32767]); for a tensor
+    entering coordinate arithmetic whose int8 rounding would move grid positions too far, on a
+    backend with int16 activations (VGF). Equal and hashable by value."""
+    return QuantizationSpec(
+        dtype=torch.int16,
+        observer_or_fake_quant_ctr=MinMaxObserver,
+        quant_min=-32767,
+        quant_max=32767,
+        qscheme=torch.per_tensor_symmetric,
+        is_dynamic=False,
+    )
+
+
 def is_fixed(qspec: object) -> bool:
     """True for a qspec with fixed parameters (made by ``fixed`` and the presets built on it)."""
     return isinstance(qspec, QuantizationSpec) and isinstance(
