@@ -1,0 +1,77 @@
+"""Fuzzed model (tests/model_fuzz.py, seed 2; 2 inputs, 6 ops, 1 samplers, 1 outputs).
+
+target vgf: crashed
+ExportError: stage 'lower_main' failed: TosaValueError: AVG_POOL2D requires input zero-point
+dtype torch.int8 to match input dtype torch.float32
+
+Reproduce:
+    etkit-export -m bench/fuzz_findings/B-vgf-avgpool-after-activation.py -t vgf --verify -o /tmp/seed2-vgf-min-vgf --force"""
+
+import torch
+import torch.nn.functional as F
+
+
+def _conv(cin, cout, kernel, groups, seed):
+    torch.manual_seed(seed)
+    return torch.nn.Conv2d(cin, cout, kernel, padding=kernel // 2, groups=groups)
+
+
+def _theta(cin, seed):
+    """A localization head: near the identity transform, moved by the features."""
+    torch.manual_seed(seed)
+    linear = torch.nn.Linear(cin, 6)
+    with torch.no_grad():
+        linear.weight.normal_(0.0, 0.1)
+        linear.bias.copy_(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]))
+    return linear
+
+
+def _linear(cin, cout, seed):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(cin, cout)
+
+
+def _flow_to_grid(flow, align_corners):
+    """RIFE's warp arithmetic: a flow in pixels (x, y) added to the pixel grid, normalized."""
+    n, _, height, width = flow.shape
+    if align_corners:
+        xs = torch.linspace(-1.0, 1.0, width)
+        ys = torch.linspace(-1.0, 1.0, height)
+        sx, sy = (width - 1.0) / 2.0, (height - 1.0) / 2.0
+    else:
+        xs = (torch.arange(width) + 0.5) * (2.0 / width) - 1.0
+        ys = (torch.arange(height) + 0.5) * (2.0 / height) - 1.0
+        sx, sy = width / 2.0, height / 2.0
+    base = torch.cat(
+        [xs.view(1, 1, 1, width).expand(n, -1, height, -1),
+         ys.view(1, 1, height, 1).expand(n, -1, -1, width)], 1
+    )
+    normalized = torch.cat([flow[:, 0:1] / sx, flow[:, 1:2] / sy], 1)
+    return (base + normalized).permute(0, 2, 3, 1)
+
+
+def _random(shape, seed):
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed))
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.m1 = _conv(8, 2, 1, 1, 379503271)
+        self.m5 = _linear(1, 2, 858700314)
+
+    def forward(self, x0, x1):
+        v1 = x1[:, 14:15]
+        v2 = self.m1(x0) * 1.0
+        v3 = _flow_to_grid(v2, True)
+        v4 = F.grid_sample(v1, v3, mode='bilinear', padding_mode='reflection', align_corners=True)
+        v6 = torch.tanh(v4)
+        v7 = self.m5(F.adaptive_avg_pool2d(v6, 1).flatten(1))
+        return (v7,)
+
+
+ModelUnderTest = Model().eval()
+ModelInputs = (
+        _random((1, 8, 4, 5), 661718012) * 2.0 + -1.0,
+        _random((1, 16, 19, 14), 576042599) * 1.0 + 0.0,
+)

@@ -1,0 +1,146 @@
+"""The model fuzzer in the suite (``model_fuzz.py``): a fixed set of generated grid-sampling
+models exported for XNNPACK and VGF with verification on; each must export and verify, or be
+refused before any work with a one-line reason. A failure names the standalone model file
+written for it and the command that reproduces it.
+
+The seeds are the smallest set of the first 200 whose models together exercise every feature of
+the generator (``model_fuzz.covering_seeds``); a test checks that they still do. ``python
+bench/fuzz.py --models N`` runs more on demand.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+
+def _load_model_fuzz() -> Any:
+    """``model_fuzz.py`` beside this file (pytest imports tests by path, not as a package)."""
+    if "model_fuzz" in sys.modules:
+        return sys.modules["model_fuzz"]
+    spec = importlib.util.spec_from_file_location(
+        "model_fuzz", Path(__file__).with_name("model_fuzz.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["model_fuzz"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+mf = _load_model_fuzz()
+
+SEEDS = (0, 6, 12, 13, 73, 97, 114, 181, 190)
+FEATURE_SEEDS = range(200)
+
+
+# -- the generator, the repro files and the shrinker (no exports) ------------------------------
+
+
+def test_the_same_seed_gives_the_same_model_and_other_seeds_other_models() -> None:
+    sources = [mf.render(mf.generate(seed)) for seed in range(12)]
+    assert sources == [mf.render(mf.generate(seed)) for seed in range(12)]
+    assert len(set(sources)) == len(sources)
+    first, again = mf.build(mf.generate(5)), mf.build(mf.generate(5))
+    with torch.no_grad():
+        for a, b in zip(first[0](*first[1]), again[0](*again[1]), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_every_generated_model_is_valid_and_runs() -> None:
+    for seed in range(60):
+        model, inputs = mf.build(mf.generate(seed))
+        assert 1 <= len(inputs) <= 3
+        with torch.no_grad():
+            outputs = model(*inputs)
+        assert 1 <= len(outputs) <= 2, seed
+        assert all(torch.isfinite(y).all() for y in outputs), seed
+
+
+def test_the_fixed_seeds_exercise_every_feature_of_the_generator() -> None:
+    everything = set().union(*(mf.features(mf.generate(s)) for s in FEATURE_SEEDS))
+    # what the issue asks the generator for, so that a generator that lost one fails here
+    for feature in (
+        "batch:2", "channels:1", "channels:16", "inputs:3", "input:grid", "input:flow",
+        "op:affine_grid", "op:flow_grid", "op:conv_grid", "op:pool", "op:interp", "op:pad",
+        "op:slice", "op:cat", "op:binary", "mode:nearest", "mode:bicubic", "padding:border",
+        "padding:reflection", "align_corners:True", "samplers:3", "chain", "same_image_twice",
+        "grid_before_image", "output:logits", "output:flow", "output:grid", "output:depth",
+        "output_channels:1", "output_channels:16",
+    ):  # fmt: skip
+        assert feature in everything, feature
+    covered = set().union(*(mf.features(mf.generate(s)) for s in SEEDS))
+    assert everything - covered == set()
+
+
+def test_a_repro_file_is_the_model_and_the_cli_reads_it(tmp_path: Path) -> None:
+    from etkit_exporter.export_cli import load_model
+
+    spec = mf.generate(6)
+    outcome = mf.Outcome("crashed", "ExportError: stage 'x' failed: example")
+    path = mf.write_repro(spec, "vgf", outcome, tmp_path, "seed6-vgf")
+    text = path.read_text()
+    assert "model_fuzz" not in text.split('"""', 2)[2]  # standalone: no import of the generator
+    assert mf.repro_command(path, "vgf") in text
+    model, inputs = load_model(str(path), [])
+    expected_model, expected_inputs = mf.build(spec)
+    with torch.no_grad():
+        for x, y in zip(inputs, expected_inputs, strict=True):
+            assert torch.equal(x, y)
+        for a, b in zip(model(*inputs), expected_model(*expected_inputs), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_the_shrinker_keeps_what_fails_and_drops_the_rest() -> None:
+    def nearest_reflection(spec: Any) -> bool:  # the "bug": a nearest sampler, reflection
+        return any(
+            op.kind == "sample" and op.params["mode"] == "nearest"
+            and op.params["padding"] == "reflection"
+            for op in spec.ops
+        )  # fmt: skip
+
+    spec = next(s for s in map(mf.generate, range(200)) if nearest_reflection(s) and
+                len(s.ops) >= 10)  # fmt: skip
+    small, calls = mf.shrink(spec, nearest_reflection, budget=400)
+    assert nearest_reflection(small)
+    assert calls > 0
+    assert sum(op.kind == "sample" for op in small.ops) == 1
+    assert len(small.ops) <= 3 < len(spec.ops)
+    assert len(small.outputs) == 1
+    size = sum(torch.Size(item.shape).numel() for item in small.inputs)
+    assert size < sum(torch.Size(item.shape).numel() for item in spec.inputs)
+    assert all(item.shape[0] == 1 for item in small.inputs)
+
+
+def test_a_refusal_is_classified_as_one(tmp_path: Path) -> None:
+    model, inputs = mf.build(mf.generate(0))
+    bad = (torch.full_like(inputs[0], float("nan")), *inputs[1:])
+    outcome = mf.classify_model(model, bad, "xnnpack", tmp_path)
+    assert outcome.kind == "refused", outcome.line()
+    assert "nan" in outcome.message.lower() or "finite" in outcome.message.lower()
+
+
+# -- the fixed seeds, exported -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", mf.TARGETS)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_generated_model_exports_and_verifies_or_is_refused(
+    seed: int, target: str, tmp_path: Path
+) -> None:
+    spec = mf.generate(seed)
+    outcome = mf.classify(spec, target, tmp_path)
+    if outcome.kind in ("verified", "refused"):
+        assert "\n" not in outcome.message
+        return
+    path = mf.write_repro(spec, target, outcome, tmp_path, f"seed{seed}-{target}")
+    pytest.fail(
+        f"seed {seed} ({spec.counts()}) for {target}: {outcome.line()}\n"
+        f"model: {path}\nreproduce: {mf.repro_command(path, target)}"
+    )
