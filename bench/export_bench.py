@@ -10,7 +10,7 @@ partitioner, ``to_executorch``. The grid samplers stay outside the delegates the
 ``grid_sampler_2d`` in float); etkit also quantizes the boundaries and grid samplers, lowers them
 to its own backend, pins layouts and writes its artifacts. Both flows run in this one process,
 taking turns round after round; figures are the median per stage, and ratios etkit/upstream.
-Target (issue 14): etkit at most 1.25x upstream's total; the RIFE-shaped model under 30 s.
+Target: etkit at most 1.25x upstream's total; the RIFE-shaped model under 30 s.
 """
 
 from __future__ import annotations

@@ -1,26 +1,62 @@
 #!/usr/bin/env bash
 # Runs every check: ruff (lint and format), mypy --strict for each package on its own, all tests.
 # Sets the environment up first (scripts/setup.sh --no-run; instant when already done).
+#
+#   scripts/check.sh [PYTEST_ARGS...]                        everything (what CI runs)
+#   scripts/check.sh --package libs/quant [PYTEST_ARGS...]   one package: ruff and mypy on its
+#                                                            folder, and its tests from its folder,
+#                                                            with its own pytest settings
+# --package may be given several times. Arguments after the options go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+
+all_packages=()
+for pyproject in libs/*/pyproject.toml apps/*/pyproject.toml; do
+  all_packages+=("$(dirname "$pyproject")")
+done
+packages=()
+while [ $# -gt 0 ] && [ "$1" = "--package" ]; do
+  folder="${2:-}"
+  folder="${folder%/}"
+  if [ -z "$folder" ] || [ ! -f "$root/$folder/pyproject.toml" ] || [[ "$folder" != */* ]]; then
+    echo "check.sh: --package takes a package folder, one of: ${all_packages[*]} (got '${2:-}')" >&2
+    exit 2
+  fi
+  packages+=("$folder")
+  shift 2
+done
+
 "$root/scripts/setup.sh" --no-run
 bin="$root/.venv/bin"
-
-echo "[check] ruff check"
-"$bin/ruff" check .
-echo "[check] ruff format --check"
-"$bin/ruff" format --check .
-for pkg in libs/quant libs/partition libs/layout libs/gridsampler apps/exporter; do
-  echo "[check] mypy --strict $pkg"
-  (cd "$pkg" && "$bin/mypy" --strict src)
-done
-echo "[check] pytest"
 # Two workers (the CI machine has 2 cores), each test file on one worker, so that a file's
 # module-scoped exports are made once; ETKIT_TEST_WORKERS=0 runs in this process.
 workers="${ETKIT_TEST_WORKERS:-2}"
-if [ "$workers" = 0 ]; then
-  "$bin/pytest" "$@"
-else
-  "$bin/pytest" -n "$workers" --dist loadfile "$@"
+pytest_cmd=("$bin/pytest")
+if [ "$workers" != 0 ]; then
+  pytest_cmd+=(-n "$workers" --dist loadfile)
 fi
+
+if ((${#packages[@]} == 0)); then
+  echo "[check] ruff check"
+  "$bin/ruff" check .
+  echo "[check] ruff format --check"
+  "$bin/ruff" format --check .
+  for pkg in "${all_packages[@]}"; do
+    echo "[check] mypy --strict $pkg"
+    (cd "$pkg" && "$bin/mypy" --strict src)
+  done
+  echo "[check] pytest"
+  "${pytest_cmd[@]}" "$@"
+  exit
+fi
+
+for pkg in "${packages[@]}"; do
+  echo "[check] $pkg: ruff check, ruff format --check"
+  "$bin/ruff" check "$pkg"
+  "$bin/ruff" format --check "$pkg"
+  echo "[check] $pkg: mypy --strict"
+  (cd "$pkg" && "$bin/mypy" --strict src)
+  echo "[check] $pkg: pytest (from $pkg, with its own settings)"
+  (cd "$pkg" && "${pytest_cmd[@]}" "$@")
+done

@@ -20,9 +20,28 @@ import torch
 from etkit_gridsampler import GridSampleOp, QParams
 from etkit_gridsampler.op import MODE_CODES, PADDING_CODES
 
-LIBRARY = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+
+def _sources_root() -> Path:
+    """The folder holding the library's csrc/ and CMakeLists.txt: the checkout these tests sit in,
+    else the copy the installed package ships (etkit_gridsampler/_sources), so that the tests run
+    against an installed wheel from a copied tests folder."""
+    if (TESTS.parent / "CMakeLists.txt").is_file() and (TESTS.parent / "csrc").is_dir():
+        return TESTS.parent
+    spec = importlib.util.find_spec("etkit_gridsampler")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location) / "_sources" / "CMakeLists.txt").is_file():
+            return Path(location) / "_sources"
+    raise FileNotFoundError(
+        "the grid sampler's C++ sources: neither a checkout beside these tests nor an installed "
+        "etkit_gridsampler with _sources/ (install the wheel that scripts/build-wheels.sh builds)"
+    )
+
+
+LIBRARY = _sources_root()
 SOURCES = (
-    LIBRARY / "tests" / "native" / "quantized_driver.cpp",
+    TESTS / "native" / "quantized_driver.cpp",
     LIBRARY / "csrc" / "quantized.cpp",
     LIBRARY / "csrc" / "quantized_neon.cpp",
 )

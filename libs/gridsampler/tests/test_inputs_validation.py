@@ -1,4 +1,4 @@
-"""Every public kernel entry checks its operands before any kernel touches them (issue 16, item 6)
+"""Every public kernel entry checks its operands before any kernel touches them
 and names what is wrong and what would be right: device, layout, dtype, rank, shape agreement and
 storage, for cpu.grid_sample, vulkan.grid_sample, reference.grid_sample, vulkan.dispatch and the
 plan. Cases that crashed the process before these checks (meta tensors, storage that does not
@@ -315,7 +315,7 @@ CASES: dict[str, Case] = {
         TypeError,
         r"op must be an etkit_gridsampler\.GridSampleOp, got dict",
     ),
-    # the Vulkan kernel's shapes (issue 16, item 8): named limits, not struct.error
+    # the Vulkan kernel's shapes: named limits, not struct.error
     "dispatch, batch 1 image, batch 2 grid": Case(
         lambda: vulkan.dispatch((1, 4, 8, 8), (2, 3, 5, 2), Q_OP),
         ValueError,
