@@ -5,8 +5,11 @@ a grid sampler).
 Each factory returns ``(model, example_inputs)`` with weights from a fixed seed, like
 ``etkit_exporter.demos``; ``REAL_MODELS`` pairs each with the quantization a user would ask for at
 its boundaries and what its outputs are (images, logits, depth, flow; bilinear or nearest samples
-straight out of a grid sampler). ExecuTorch's own Arm grid-sampler conformance test is read
-programmatically (``conformance_cases``), so cases added there are picked up.
+straight out of a grid sampler). A group of small models covers few channels around a sampler
+(1-channel inputs, 1/2/4/16-channel outputs, shapes at which NCHW and NHWC are the same bytes,
+batch 2, ReLUs before SNORM8 tensors, inputs that feed two ops). ExecuTorch's own Arm
+grid-sampler conformance test is read programmatically (``conformance_cases``), so cases added
+there are picked up.
 """
 
 from __future__ import annotations
@@ -425,6 +428,149 @@ def stereo_depth() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     return model, (left, torch.roll(left, shifts=-2, dims=3))
 
 
+# -- few channels around a sampler: 1-channel inputs, 1/2/4/16-channel outputs, ReLUs ----------
+# The class of the spatial-transformer front end a new user tried first: channel counts at which
+# NCHW and NHWC are the same bytes (C = 1, H = W = 1), outputs that come straight from a VGF
+# partition, batch 2, and ReLUs before tensors etkit quantizes with a fixed symmetric qspec
+# (SNORM8 at an output or at a sampler's image), which the Arm backend once folded away.
+
+
+class STNFrontEnd(torch.nn.Module):
+    """A spatial-transformer classifier's front end: a 1-channel 28 x 28 image, a localization
+    net (conv, pool, linear) regressing an affine theta, ``affine_grid`` + ``grid_sample``
+    (bilinear, zeros), then a 1 -> 4 channel conv + ReLU as the output (the features a
+    classifier reads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.localization = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 8, 7),
+            torch.nn.MaxPool2d(2, 2),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 10, 5),
+            torch.nn.MaxPool2d(2, 2),
+            torch.nn.ReLU(),
+        )
+        self.fc_loc = torch.nn.Sequential(
+            torch.nn.Linear(90, 32), torch.nn.ReLU(), torch.nn.Linear(32, 6)
+        )
+        last = self.fc_loc[2]
+        assert isinstance(last, torch.nn.Linear)
+        last.weight.data.normal_(0.0, 0.05)  # near the identity, as a trained one
+        last.bias.data.copy_(torch.tensor([1.0, 0, 0, 0, 1, 0]))
+        self.features = torch.nn.Conv2d(1, 4, 3, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        theta = self.fc_loc(self.localization(x).flatten(1)).view(-1, 2, 3)
+        grid = F.affine_grid(theta, list(x.size()), align_corners=False)
+        warped = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        return F.relu(self.features(warped))
+
+
+def stn_front_end() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(100)
+    return STNFrontEnd().eval(), (_smooth_image(1, 1, 28, 28, seed=101),)
+
+
+class WarpThenFeatures(torch.nn.Module):
+    """A 1-channel image and a grid input: the image (through a 1-channel conv + ReLU) sampled
+    by the grid, then a conv to ``channels`` channels + ReLU as the output (it comes straight
+    from a VGF partition, SNORM8)."""
+
+    def __init__(self, channels: int, mode: str, padding: str, align_corners: bool) -> None:
+        super().__init__()
+        self.smooth = torch.nn.Conv2d(1, 1, 3, 1, 1)
+        self.features = torch.nn.Conv2d(1, channels, 3, 1, 1)
+        self.mode, self.padding, self.align_corners = mode, padding, align_corners
+
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        sampled = F.grid_sample(
+            F.relu(self.smooth(image)),
+            grid,
+            mode=self.mode,
+            padding_mode=self.padding,
+            align_corners=self.align_corners,
+        )
+        return F.relu(self.features(sampled))
+
+
+def warp_then_features(
+    channels: int,
+    size: tuple[int, int] = (20, 24),
+    out_size: tuple[int, int] = (18, 22),
+    batch: int = 1,
+    mode: str = "bilinear",
+    padding: str = "reflection",
+    align_corners: bool = True,
+) -> Factory:
+    def make() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+        torch.manual_seed(110 + channels)
+        model = WarpThenFeatures(channels, mode, padding, align_corners).eval()
+        image = _smooth_image(batch, 1, *size, seed=111 + channels)
+        grid = torch.rand(batch, *out_size, 2, generator=torch.Generator().manual_seed(112))
+        grid = grid * 2.2 - 1.1  # some samples outside the image
+        if out_size == (1, 1):  # one glimpse per frame, at its brightest feature
+            with torch.no_grad():
+                features = F.relu(model.smooth(image)).flatten(1)
+            rows, cols = features.argmax(1) // size[1], features.argmax(1) % size[1]
+            grid = torch.stack((2 * cols / (size[1] - 1) - 1, 2 * rows / (size[0] - 1) - 1), -1)
+            grid = grid.view(batch, 1, 1, 2).float()
+        with torch.no_grad():  # outputs reaching 0.8: export_model's default for them is SNORM8
+            peak = float(model(image, grid).max())
+            model.features.weight.mul_(0.8 / peak)
+            model.features.bias.mul_(0.8 / peak)
+        return model, (image, grid)
+
+    return make
+
+
+class NearestBatchWarp(torch.nn.Module):
+    """Batch 2, 2 channels: a conv + ReLU on the frames, sampled nearest with zeros padding by
+    a grid input, mixed back to 2 channels (the output comes from a conv, not a sampler)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Conv2d(2, 2, 3, 1, 1)
+        self.mix = torch.nn.Conv2d(2, 2, 1)
+
+    def forward(self, frames: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        features = F.relu(self.features(frames))
+        sampled = F.grid_sample(
+            features, grid, mode="nearest", padding_mode="zeros", align_corners=False
+        )
+        return self.mix(sampled)
+
+
+def nearest_batch_warp() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(120)
+    model = NearestBatchWarp().eval()
+    with torch.no_grad():
+        model.features.weight.mul_(0.5)
+    grid = torch.rand(2, 15, 17, 2, generator=torch.Generator().manual_seed(121)) * 2 - 1
+    return model, (_smooth_image(2, 2, 16, 20, seed=122), grid)
+
+
+class InputsFeedTwoOps(torch.nn.Module):
+    """Each input feeds two ops: the image (values in [0, 3], not SNORM) is sampled and goes
+    through a conv; the grid is sampled by and, permuted to channels, goes through a conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.image_conv = torch.nn.Conv2d(4, 4, 3, 1, 1)
+        self.grid_conv = torch.nn.Conv2d(2, 4, 1)
+
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        warped = F.grid_sample(image, grid, align_corners=True)
+        return warped + self.image_conv(image) + self.grid_conv(grid.permute(0, 3, 1, 2))
+
+
+def inputs_feed_two_ops() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(130)
+    grid = torch.rand(1, 12, 16, 2, generator=torch.Generator().manual_seed(131)) * 2 - 1
+    image = (_smooth_image(1, 4, 12, 16, seed=132) + 1) * 1.5
+    return InputsFeedTwoOps().eval(), (image, grid)
+
+
 # -- ExecuTorch's Arm grid-sampler conformance test --------------------------------------------
 
 
@@ -582,6 +728,19 @@ REAL_MODELS: dict[str, RealModel] = {
             output_qspecs=(covering(10.0, torch.int8), snorm8()),  # metres, 16/127 steps
             outputs=("depth", "bilinear"),
         ),
+        RealModel("stn-front-end", stn_front_end),  # export_model's defaults: SNORM8 IO
+        RealModel("warp-features-1ch", warp_then_features(1)),
+        RealModel(
+            "warp-features-2ch",
+            warp_then_features(2, mode="bilinear", padding="zeros", align_corners=False),
+        ),
+        RealModel("warp-features-4ch", warp_then_features(4, size=(39, 39), out_size=(39, 39))),
+        RealModel(
+            "warp-features-16ch-1x1",  # N x 16 x 1 x 1: NCHW and NHWC are the same bytes
+            warp_then_features(16, out_size=(1, 1), batch=2, padding="border"),
+        ),
+        RealModel("nearest-batch2", nearest_batch_warp),
+        RealModel("inputs-feed-two-ops", inputs_feed_two_ops),
         *conformance_cases(),
     )
 }

@@ -414,3 +414,58 @@ def test_two_concurrent_exports_into_one_folder_leave_one_whole_export(
     assert foreign_content(tmp_path / "out") == []
     assert (tmp_path / "out" / "model.pte").stat().st_size > 0
     assert _leftovers(tmp_path) == []
+
+
+# -- names, measured files, a failed verification's folder ------------------------------------
+
+
+def test_name_too_long_refused_before_anything_is_touched(tmp_path: Path) -> None:
+    """A name the file system would take, but not with etkit's staging suffix, is refused in
+    one line naming the limit; a name that fits is taken."""
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    for length in (300, name_max - 20):
+        with pytest.raises(DestinationError, match="choose a name of at most") as caught:
+            check_destination(tmp_path / ("x" * length), force=False)
+        assert len(str(caught.value).splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+    longest = name_max - len(".failed-verification") - len(".") - len(".etkit-new-") - 8
+    _export(tmp_path / ("y" * longest), NEW, force=False)
+    assert foreign_content(tmp_path / ("y" * longest)) == []
+
+
+def test_measured_files_listed_by_name_only(tmp_path: Path) -> None:
+    """timings.json (measured times) is in the manifest by name, so two exports of one model
+    have the same manifest, and etkit still replaces it; any other changed file is refused."""
+    for name, seconds in (("a", "1.5"), ("b", "2.25")):
+        _export(tmp_path / name, {**NEW, "timings.json": seconds}, force=False)
+    first, second = ((tmp_path / n / MANIFEST).read_bytes() for n in ("a", "b"))
+    assert first == second and b'"measured"' in first
+    (tmp_path / "a" / "timings.json").write_text("changed")
+    assert foreign_content(tmp_path / "a") == []
+    (tmp_path / "a" / "report.md").write_text("changed")
+    assert foreign_content(tmp_path / "a") == ["report.md (changed since etkit wrote it)"]
+
+
+def test_retargeted_staging_commits_beside_and_recovery_never_promotes_it(
+    tmp_path: Path,
+) -> None:
+    """A failed verification's export is committed to its own folder beside the artifacts
+    folder: the earlier export stays, and no staging folder of the artifacts folder's name is
+    left for recovery to put in its place."""
+    target, failed = tmp_path / "out", tmp_path / "out.failed-verification"
+    _export(target, OLD)
+    with Staging(check_destination(target, force=True)) as staging:
+        for name, text in NEW.items():
+            (staging.path / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging.path / name).write_text(text)
+        staging.retarget(check_destination(failed, force=True))
+        assert staging.path.name.startswith(".out.failed-verification.etkit-new-")
+        staging.commit(True, {**PRODUCER, "verification": "failed"})
+    assert _content(target) == OLD and _content(failed) == NEW
+    assert recover(target) == [] and _leftovers(tmp_path) == []
+    elsewhere = check_destination(tmp_path / "sub" / "x", force=True)
+    with (
+        pytest.raises(ValueError, match="not beside"),
+        Staging(check_destination(target, force=True)) as staging,
+    ):
+        staging.retarget(elsewhere)

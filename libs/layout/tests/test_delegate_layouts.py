@@ -142,3 +142,43 @@ def test_nothing_to_pin_without_channels_last() -> None:
     assert not pin_delegate_layouts(manager.exported_program()).modified
     executorch = manager.to_executorch()
     assert all(order == NCHW for _, io in _delegate_io(executorch.buffer) for order in io[::2])
+
+
+class OneChannelWarp(torch.nn.Module):
+    """A 1-channel image sampled, then scaled by another engine into ``channels`` channels of
+    ``out`` x ``out`` pixels: at C = 1, and at H = W = 1, NCHW and NHWC are the same bytes."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.channels = channels
+
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        warped = F.grid_sample(image, grid, align_corners=False)
+        return torch.mul(warped.expand(-1, self.channels, -1, -1), 2.0)
+
+
+@pytest.mark.parametrize(("channels", "out"), [(1, 5), (4, 1), (16, 1), (2, 5)])
+def test_same_bytes_layouts_need_no_copy_and_agree(channels: int, out: int) -> None:
+    """Tensors whose NCHW and NHWC layouts are the same bytes (C = 1, H = W = 1) count as
+    agreeing: no layout copy runs for them and no mismatch is reported, before and after
+    to_executorch, at batch 2 as at batch 1."""
+    inputs = (torch.rand(2, 1, 8, 8), torch.rand(2, out, out, 2) * 2 - 1)
+    program = torch.export.export(OneChannelWarp(channels).eval(), inputs, strict=True)
+    manager = to_edge_transform_and_lower(
+        program,
+        partitioner=[_ByOperator(LayoutProbeEngine, ("aten.mul", "aten.expand"))],
+        transform_passes=[channels_last],
+    ).to_backend(_ByOperator(LayoutProbeSampler, ("grid_sampler_2d",)))
+    result = pin_delegate_layouts(manager.exported_program())
+    assert result.copies == ()
+    assert delegate_layout_mismatches(manager.exported_program()) == []
+    executorch = manager.to_executorch()
+    assert delegate_layout_mismatches(executorch.exported_program()) == []
+    (_, sampler), (_, engine) = _delegate_io(executorch.buffer)
+    # the sampler's output (1 channel) is read by the engine as written
+    assert sampler[-1] in (NCHW, NHWC) and engine[0] in (NCHW, NHWC)
+    plan = deserialize_pte_binary(executorch.buffer).program.execution_plan[0]
+    (output,) = plan.outputs
+    expected = NHWC if channels > 1 and out > 1 else None
+    if expected is not None:
+        assert tuple(plan.values[output].val.dim_order) == expected

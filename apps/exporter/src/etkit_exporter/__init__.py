@@ -9,10 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from etkit_exporter.pipeline import ExportError, ExportResult, export_model
+    from etkit_exporter.verdict import VerificationError, VerifyTolerance
 
 __version__ = "0.1.0"
 
-__all__ = ["ExportError", "ExportResult", "__version__", "export_model"]
+__all__ = [
+    "ExportError",
+    "ExportResult",
+    "VerificationError",
+    "VerifyTolerance",
+    "__version__",
+    "export_model",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +28,8 @@ def __getattr__(name: str) -> Any:
         from etkit_exporter import pipeline
 
         return getattr(pipeline, name)
+    if name in ("VerificationError", "VerifyTolerance"):
+        from etkit_exporter import verdict
+
+        return getattr(verdict, name)
     raise AttributeError(f"module 'etkit_exporter' has no attribute {name!r}")

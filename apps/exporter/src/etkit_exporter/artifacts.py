@@ -89,17 +89,29 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+# Files of measured times (they differ from run to run): listed by name only, so that two exports
+# of one model have the same manifest; etkit replaces them whatever they hold
+MEASURED: Final = frozenset({"timings.json"})
+
+
 def write_manifest(folder: Path, producer: dict[str, Any]) -> None:
-    """Lists every file under ``folder`` (size and SHA-256) in ``folder/etkit-manifest.json``.
-    Written last: its presence marks a complete export. Holds no path outside the folder."""
+    """Lists every file under ``folder`` (size and SHA-256; the ``MEASURED`` ones by name) in
+    ``folder/etkit-manifest.json``. Written last: its presence marks a complete export. Holds
+    no path outside the folder."""
     files: dict[str, dict[str, Any]] = {}
+    measured: list[str] = []
     for path in sorted(folder.rglob("*")):
         if path.is_symlink():
             raise OSError(f"{path} is a symbolic link; an export holds plain files only")
         if path.is_file() and path.name != MANIFEST:
             relative = path.relative_to(folder).as_posix()
+            if relative in MEASURED:
+                measured.append(relative)
+                continue
             files[relative] = {"size": path.stat().st_size, "sha256": _file_digest(path)}
-    manifest = {"format": MANIFEST_FORMAT, "producer": producer, "files": files}
+    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "producer": producer, "files": files}
+    if measured:
+        manifest["measured"] = measured
     staged = folder / f".{MANIFEST}.partial"
     with staged.open("w") as stream:
         stream.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -121,10 +133,13 @@ def foreign_content(folder: Path, limit: int = 5) -> list[str] | None:
         return None
     foreign: list[str] = []
     seen: set[str] = set()
+    measured = set(manifest.get("measured") or []) & MEASURED
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder).as_posix()
         if path.is_symlink() or not (path.is_file() or path.is_dir()):
             foreign.append(f"{relative} (not a plain file)")
+        elif path.is_file() and relative in measured:
+            continue
         elif path.is_file() and relative != MANIFEST:
             entry = listed.get(relative)
             seen.add(relative)
@@ -172,6 +187,7 @@ def check_destination(requested: str | Path, force: bool) -> Destination:
     Raises ``DestinationError`` for a place etkit never writes or replaces (see the module
     docstring) and ``FileExistsError`` for an earlier etkit export without ``force``."""
     requested = Path(requested)
+    _check_name_length(requested)
     notes: list[str] = []
     if requested.is_symlink():
         target = requested.resolve()
@@ -204,6 +220,46 @@ def check_destination(requested: str | Path, force: bool) -> Destination:
             "can write; choose another --out"
         )
     return Destination(requested, path, replaces, tuple(notes))
+
+
+# The longest suffix etkit puts on an artifacts folder's name: a failed verification's export is
+# staged as ".NAME.failed-verification.etkit-new-XXXXXXXX"
+_FAILED_SUFFIX: Final = ".failed-verification"
+_STAGING_AFFIXES: Final = len(".") + len(".etkit-new-") + 8
+
+
+def _check_name_length(requested: Path) -> None:
+    """Refuses, in one line, a path whose folder names are longer than the file system takes
+    (with room for the names etkit stages the export under), before anything touches it."""
+    existing = requested.absolute().parent
+    while not existing.is_dir() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+        path_max = os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in requested.parts[:-1]:
+        if len(os.fsencode(part)) > name_max:
+            raise DestinationError(
+                f"--out/artifacts_root has a folder name of {len(os.fsencode(part))} bytes "
+                f"({part[:24]}...); this file system takes at most {name_max}: choose a "
+                "shorter path"
+            )
+    length = len(os.fsencode(requested.name))
+    failed = requested.name.endswith(_FAILED_SUFFIX)
+    affixes = _STAGING_AFFIXES + (0 if failed else len(_FAILED_SUFFIX))
+    if length + affixes > name_max:
+        raise DestinationError(
+            f"the artifacts folder's name is {length} bytes ({requested.name[:24]}...); etkit "
+            f"stages it under a name {affixes} bytes longer and this file system takes at most "
+            f"{name_max}: choose a name of at most {name_max - affixes} bytes"
+        )
+    if len(os.fsencode(str(requested.absolute()))) + affixes >= path_max:
+        raise DestinationError(
+            f"the artifacts folder's path is longer than this system takes ({path_max} bytes "
+            "with etkit's staging suffix): choose a shorter path"
+        )
 
 
 # -- locks and names ------------------------------------------------------------------------
@@ -343,6 +399,21 @@ class Staging:
         for line in self.recovered:
             logger.warning("%s", line)
         return self
+
+    def retarget(self, destination: Destination) -> None:
+        """Makes ``destination`` (beside the first one, in the same parent folder) the one
+        ``commit`` puts the export in: renames the staging folder to that destination's staging
+        name, so that recovery after a kill never takes it for the first destination's."""
+        if destination.path.parent != self.destination.path.parent:
+            raise ValueError(
+                f"{destination.requested} is not beside {self.destination.requested}: a staged "
+                "export can only be committed in the folder it was staged in"
+            )
+        with _folder_lock(destination.path.parent):
+            renamed = _fresh_name(destination.path.parent, destination.path.name, "new")
+            self.path.rename(renamed)  # the lock on the folder (its descriptor) goes with it
+        self.path = renamed
+        self.destination = destination
 
     def commit(self, force: bool, producer: dict[str, Any]) -> None:
         """Writes the manifest, then puts the staging folder in place of the destination,

@@ -39,10 +39,16 @@ class OutputCheck:
     differing: int
     total: int
     tolerance_steps: float
+    over: int = 0  # values more than tolerance_steps off
+    max_fraction: float = 0.0
 
     @property
     def passes(self) -> bool:
-        return self.max_steps <= self.tolerance_steps
+        """The verdict's rule (``etkit_exporter.verify.within_tolerance``): at most
+        ``max_fraction`` of the values more than ``tolerance_steps`` off."""
+        from etkit_exporter.verify import within_tolerance
+
+        return within_tolerance(self.over, self.total, self.max_fraction)
 
 
 def bundle_bytes(
@@ -87,10 +93,18 @@ def _is_channels_last(tensor: torch.Tensor) -> bool:
     )
 
 
-def sidecar(io_params: dict[str, Any], runner: str, tolerance_steps: float = 0) -> dict[str, Any]:
+def sidecar(
+    io_params: dict[str, Any],
+    runner: str,
+    tolerance_steps: float = 0,
+    max_fraction: float = 0.0,
+    verdict: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """What ``model.bpte.json`` says: where the expected outputs came from and the tolerance per
     output, in steps of its scale (and as an absolute tolerance on the integers a device
-    runner compares)."""
+    runner compares), by the verdict's rule: at most ``max_fraction`` of the values more than
+    ``tolerance_steps`` off. ``verdict``: the verified run's verdict against the quantized
+    PT2E model (report.json's), recorded beside."""
     outputs = []
     for index, entry in enumerate(io_params["outputs"]):
         scale = entry.get("scale")
@@ -100,14 +114,21 @@ def sidecar(io_params: dict[str, Any], runner: str, tolerance_steps: float = 0) 
                 "dtype": entry.get("dtype"),
                 "scale": scale,
                 "tolerance_steps": tolerance_steps,
+                "max_fraction": max_fraction,
                 "atol": tolerance_steps if scale is not None else 0.0,
             }
         )
-    return {
+    side: dict[str, Any] = {
         "expected_outputs": f"the written program's own outputs in its verified run ({runner})",
         "inputs": "the example inputs in the program's IO types (io_quant_params.json)",
         "outputs": outputs,
     }
+    if verdict is not None:
+        side["verdict_against_the_quantized_model"] = {
+            "result": verdict.get("result"),
+            "tolerance": verdict.get("tolerance"),
+        }
+    return side
 
 
 @dataclass(frozen=True)
@@ -214,9 +235,7 @@ def compare(
         raise BundleError(
             f"the program returned {len(actual)} outputs, the bundle expects {len(expected)}"
         )
-    tolerances = {
-        o["output"]: float(o["tolerance_steps"]) for o in (sidecar_data or {}).get("outputs", [])
-    }
+    sides = {o["output"]: o for o in (sidecar_data or {}).get("outputs", [])}
     checks = []
     for index, (y, e) in enumerate(zip(actual, expected, strict=True)):
         if tuple(y.shape) != tuple(e.shape) or y.dtype != e.dtype:
@@ -225,6 +244,8 @@ def compare(
                 f"expects {e.dtype} {list(e.shape)}"
             )
         difference = (y.double() - e.double()).abs()
+        side = sides.get(index, {})
+        limit = float(side.get("tolerance_steps", 0.0))
         checks.append(
             OutputCheck(
                 case=case,
@@ -232,7 +253,9 @@ def compare(
                 max_steps=float(difference.max()) if difference.numel() else 0.0,
                 differing=int((difference > 0).sum()),
                 total=difference.numel(),
-                tolerance_steps=tolerances.get(index, 0.0),
+                tolerance_steps=limit,
+                over=int((difference > limit).sum()),
+                max_fraction=float(side.get("max_fraction", 0.0)),
             )
         )
     return checks

@@ -24,6 +24,7 @@ import logging
 import re
 import sys
 import tempfile
+import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -132,7 +133,7 @@ def etrecord_bytes(
     strip_stack_trace_paths(record)
     buffer = io.BytesIO()
     record.save(buffer)
-    data = buffer.getvalue()
+    data = reproducible_record(buffer.getvalue())
     leaks = build_paths_in(data, forbidden_paths)
     if leaks:
         raise RuntimeError(
@@ -140,6 +141,49 @@ def etrecord_bytes(
             "from stack traces, so another part of the record holds them"
         )
     return data
+
+
+# In the serialized programs' node provenance (``from_node``): a graph's id is its address in
+# memory, and a builtin target's repr names its address too
+_GRAPH_ID: Final = re.compile(rb'(\\*"graph_id\\*"\s*:\s*)(\d+)')
+_ADDRESS: Final = re.compile(rb" at 0x[0-9a-fA-F]+>")
+# FX's generated code in stack traces: "<eval_with_key>.267", numbered per process
+_GENERATED_FILE: Final = re.compile(rb"<eval_with_key>\.\d+")
+_EXPORT_GRAPH_ID: Final = "export_graph_id"
+_FIXED_TIME: Final = (1980, 1, 1, 0, 0, 0)
+
+
+def reproducible_record(data: bytes) -> bytes:
+    """A saved ETRecord (a zip) made the same for the same export on any run: the graph ids in
+    its programs' node provenance and its ``export_graph_id`` (addresses in memory) renumbered in
+    order of first appearance, the same number for the same id throughout the record (so the
+    provenance still matches across its programs); the addresses in builtin targets' reprs
+    zeroed; the per-process number of FX's generated files in stack traces dropped; every
+    member's time stamp fixed."""
+    numbers: dict[bytes, bytes] = {}
+
+    def renumber(match: re.Match[bytes]) -> bytes:
+        number = numbers.setdefault(match[2], str(len(numbers)).encode())
+        return match[1] + number
+
+    source = zipfile.ZipFile(io.BytesIO(data))
+    output = io.BytesIO()
+    with zipfile.ZipFile(output, "w") as target:
+        for info in source.infolist():
+            content = source.read(info)
+            if info.filename == _EXPORT_GRAPH_ID:
+                value = content.strip()
+                content = numbers.setdefault(value, str(len(numbers)).encode())
+            elif content[:1] == b"{":  # a program's JSON, not its tensors
+                content = _GRAPH_ID.sub(renumber, content)
+                content = _GENERATED_FILE.sub(
+                    b"<eval_with_key>", _ADDRESS.sub(b" at 0x0>", content)
+                )
+            fixed = zipfile.ZipInfo(info.filename, date_time=_FIXED_TIME)
+            fixed.compress_type = info.compress_type
+            fixed.external_attr = info.external_attr
+            target.writestr(fixed, content)
+    return output.getvalue()
 
 
 def _op_key(target: object) -> tuple[str, ...]:
@@ -183,6 +227,22 @@ def _through_layout_ops(node: object, names: set[str]) -> str | None:
     return None
 
 
+def _ops_summary(graph: torch.fx.Graph, limit: int = 5) -> str:
+    """The operators a delegate was lowered from, most frequent first, without the quantize,
+    dequantize and layout copies: ``convolution x2, relu, cat``."""
+    counts: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = _op_key(node.target)[-1]
+        if any(skip in name for skip in ("quantize", "getitem", *_LAYOUT_OPS)):
+            continue
+        counts[name] = counts.get(name, 0) + 1
+    ranked = sorted(counts.items(), key=lambda item: -item[1])
+    parts = [name + (f" x{count}" if count > 1 else "") for name, count in ranked[:limit]]
+    return ", ".join(parts) + (f" +{len(ranked) - limit}" if len(ranked) > limit else "")
+
+
 def _reference_graph(record: Any) -> Any:
     graph_map = record.graph_map or {}
     return graph_map.get(REFERENCE_GRAPH, record.edge_dialect_program)
@@ -219,6 +279,8 @@ def instruction_map(executorch_manager: Any) -> dict[str, Any]:
             instructions[str(index)] = {
                 "kind": "delegate",
                 "backend": lowered.backend_id,
+                "lowered_module": str(node.args[0].target),
+                "ops": _ops_summary(lowered.original_module.graph),
                 "outputs": [_through_layout_ops(o, names) for o in outputs],
             }
             continue

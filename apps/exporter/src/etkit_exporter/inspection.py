@@ -697,12 +697,14 @@ def inspect_export(folder: str | Path, *, grid_sampler_impl: str = "cpu") -> Ins
         rows, outputs, notes = _runner_rows(export, references, grid_sampler_impl)
         events = len(rows)
         runner = "etkit runner (VGF on scenario_runner, Vulkan)"
+    from etkit_exporter.verdict import verdict_notes
+
     return Inspection(
         target=export.target,
         runner=runner,
         rows=rows,
         outputs=_output_rows(export, outputs, references),
-        notes=notes,
+        notes=verdict_notes(export.report.get("verification")) + notes,
         events=events,
         upstream_numeric_gap=upstream,
         seconds=time.perf_counter() - began,

@@ -58,8 +58,26 @@ def _dim_order(node: torch.fx.Node, value: torch.Tensor) -> list[int]:
     return [int(d) for d in value.dim_order()]
 
 
+def output_names(program: ExportedProgram) -> list[str]:
+    """A name per user output: the keys of the dict (or the fields of the named tuple) the
+    model returns, where it returns one of tensors; else ``output_0``, ``output_1``, ... (the
+    graph's node names, ``getitem_2``, mean nothing to a caller)."""
+    count = len(user_output_nodes(program))
+    spec = program.call_spec.out_spec
+    names: list[Any] = []
+    if spec is not None and spec.num_leaves == count == spec.num_children:
+        if spec.type is dict:
+            names = list(spec.context)
+        elif isinstance(spec.type, type) and issubclass(spec.type, tuple):
+            names = list(getattr(spec.type, "_fields", ()))
+    if len(names) == count and all(isinstance(n, str) and n for n in names):
+        return [str(n) for n in names]
+    return [f"output_{k}" for k in range(count)]
+
+
 def io_table(program: ExportedProgram, extracted: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per input and output: name, index, shape, dim order, dtype, and for quantized ones scale,
+    """Per input and output: name (inputs: the forward's parameter; outputs: ``output_names``),
+    index, shape, dim order, dtype, and for quantized ones scale,
     zero point, range and the texture view. ``extracted`` is what ``extract_io_quant_params``
     returned. The dim orders are the program's (see ``_dim_order``); ``with_pte_layouts`` puts
     in the ones a serialized program really has."""
@@ -72,13 +90,15 @@ def io_table(program: ExportedProgram, extracted: dict[str, dict[str, Any]]) -> 
         "inputs": {placeholders.index(k): v for k, v in extracted.get("inputs", {}).items()},
         "outputs": {outputs.index(k): v for k, v in extracted.get("outputs", {}).items()},
     }
+    names = {"outputs": output_names(program)}
     for kind, nodes in (
         ("inputs", user_input_nodes(program)),
         ("outputs", user_output_nodes(program)),
     ):
         for index, node in enumerate(nodes):
             value = node.meta.get("val")
-            entry: dict[str, Any] = {"name": node.name, "index": index}
+            name = names[kind][index] if kind in names else node.name
+            entry: dict[str, Any] = {"name": name, "index": index}
             if isinstance(value, torch.Tensor):
                 entry["shape"] = list(value.shape)
                 entry["dim_order"] = _dim_order(node, value)

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from etkit_exporter.diagnostics import capture_native_log
 from etkit_exporter.io_params import float_output, program_input
 from etkit_exporter.pictures import is_image_like, write_panel
+
+if TYPE_CHECKING:
+    from etkit_exporter.runner import DelegateFn
+    from etkit_exporter.verdict import VerifyTolerance
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +29,12 @@ def psnr(actual: torch.Tensor, reference: torch.Tensor) -> float | None:
     mse = float(((actual.double() - reference.double()) ** 2).mean())
     peak = float(reference.max() - reference.min()) or 1.0
     return None if mse == 0 else 10 * math.log10(peak * peak / mse)
+
+
+def within_tolerance(over: int, total: int, max_fraction: float) -> bool:
+    """The rule ``etkit run model.bpte`` and the verdict share (``etkit_exporter.verdict``): at
+    most ``max_fraction`` of the ``total`` values are more than the tolerance off (``over``)."""
+    return total == 0 or over <= max_fraction * total
 
 
 def _outputs(value: object) -> list[torch.Tensor]:
@@ -52,18 +63,72 @@ def _run_in_executorch_runtime(pte: Path, inputs: list[torch.Tensor]) -> list[to
 
 
 def _run_in_etkit_runner(
-    pte: Path, inputs: list[torch.Tensor]
-) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
+    pte: Path, inputs: list[torch.Tensor], delegates: Mapping[str, DelegateFn] | None = None
+) -> tuple[list[torch.Tensor], list[dict[str, Any]], list[Any]]:
     from etkit_exporter.runner import PteProgram
 
-    program = PteProgram.load(pte, grid_sampler_impl="cpu")
+    program = PteProgram.load(pte, grid_sampler_impl="cpu", delegates=delegates)
     result = program.run(inputs, keep_delegate_io=True)
     for warning in result.warnings:
         logger.warning("runner: %s", warning)
     blobs = {d.index: d.processed for d in program.method("forward").delegates}
-    return list(result.outputs), [
-        _delegate_row(call, blobs[call.delegate]) for call in result.delegate_calls
-    ]
+    rows = [_delegate_row(call, blobs[call.delegate]) for call in result.delegate_calls]
+    return list(result.outputs), rows, list(result.delegate_calls)
+
+
+def check_program_loads(pte: Path, target: str) -> str:
+    """Loads the written program as a runtime would, before an export reports success, and
+    returns what loaded it. An XNNPACK program: ``executorch.runtime`` loads the program and
+    its ``forward`` method (which builds every delegate: XNNPACK creates its operators then).
+    A VGF program, which that runtime cannot load: etkit's runner reads it, resolves every
+    operator and backend, and reads each VGF's declarations and each grid-sampler blob, without
+    running it. Raises ``RuntimeError`` with the runtime's own reason (its log lines) in one
+    line when the program is refused."""
+    if target != "vgf":
+        from executorch.runtime import Runtime
+
+        from etkit_gridsampler import runtime
+
+        runtime.register()
+        failure: Exception | None = None
+        with capture_native_log(echo=logger.isEnabledFor(logging.DEBUG)) as log:
+            try:
+                program = Runtime.get().load_program(pte)
+                if program.load_method("forward") is None:
+                    failure = RuntimeError("the program has no method 'forward'")
+            except Exception as error:
+                failure = error
+        if failure is not None:
+            said = _runtime_said(log.errors, log.text)
+            # not chained: root_cause reports the innermost error, and this line is the reason
+            raise RuntimeError(
+                f"executorch.runtime refuses the written program: {failure}; the runtime said: "
+                f"{said}"
+            ) from None
+        return "executorch.runtime (program and method loaded)"
+    from etkit_exporter.runner import PteProgram
+    from etkit_exporter.runner.delegates import GRID_SAMPLER_BACKEND, VGF_BACKEND, vgf_io
+    from etkit_gridsampler.delegate_format import decode
+
+    program = PteProgram.load(pte, grid_sampler_impl="cpu")
+    program.check("forward")
+    for delegate in program.method("forward").delegates:
+        if delegate.backend_id == VGF_BACKEND:
+            vgf_io(delegate.processed)
+        elif delegate.backend_id == GRID_SAMPLER_BACKEND:
+            decode(delegate.processed)
+    return "etkit runner (program read, every operator, VGF and grid-sampler blob checked)"
+
+
+def _runtime_said(errors: list[str], text: str) -> str:
+    """The runtime's reason: its error lines that say more than the method's failure code
+    (XNNPACK's own ``Failed to create ... node`` first), joined on one line."""
+    lines = [e for e in errors if e.strip()]
+    if not lines:
+        lines = [line.strip() for line in text.splitlines() if "rror" in line or "ailed" in line]
+    specific = [e for e in lines if "Failed to load method" not in e]
+    chosen = (specific or lines)[-4:]
+    return "; ".join(chosen) or "nothing on its log"
 
 
 # A nearest sample whose source coordinate lies this close to a rounding tie may pick either
@@ -148,11 +213,19 @@ def _histogram(steps: torch.Tensor) -> dict[str, int]:
 @dataclass(frozen=True)
 class VerifiedRun:
     """A verification and the run it judged: the program's inputs (the example inputs in its IO
-    types and layouts) and its outputs as it returned them."""
+    types and layouts) and its outputs as it returned them; for a run in etkit's runner, its
+    delegate calls with the tensors each read and wrote."""
 
     verification: dict[str, Any]
     inputs: list[torch.Tensor]
     outputs: list[torch.Tensor]
+    delegate_calls: list[Any] | None = field(default=None, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        """Whether the verdict passed (see ``etkit_exporter.verdict``)."""
+        verdict = self.verification.get("verdict") or {}
+        return verdict.get("result") != "fail"
 
 
 def verify_program(
@@ -163,11 +236,14 @@ def verify_program(
     io_params: dict[str, Any],
     target: str = "xnnpack",
     pictures: Path | None = None,
+    *,
+    tolerance: VerifyTolerance | None = None,
 ) -> dict[str, Any]:
     """``verify_run(...).verification``."""
     return verify_run(
-        pte, model, quantized_model, example_inputs, io_params, target, pictures
-    ).verification
+        pte, model, quantized_model, example_inputs, io_params, target, pictures,
+        tolerance=tolerance,
+    ).verification  # fmt: skip
 
 
 def verify_run(
@@ -178,6 +254,10 @@ def verify_run(
     io_params: dict[str, Any],
     target: str = "xnnpack",
     pictures: Path | None = None,
+    *,
+    tolerance: VerifyTolerance | None = None,
+    float_export: bool = False,
+    delegates: Mapping[str, DelegateFn] | None = None,
 ) -> VerifiedRun:
     """Runs the written ``pte`` on integer inputs made from the example inputs through
     ``io_params`` (an XNNPACK program in ``executorch.runtime``; a VGF program, which that
@@ -186,14 +266,25 @@ def verify_run(
     and with the quantized PT2E model: max abs error and PSNR, and for integer outputs against
     the quantized model the steps apart (max and histogram). With ``pictures`` (a folder), each
     image-like output gets ``verify_output_K.png`` there: float model, program, error heatmap
-    (``etkit_exporter.pictures``), named in its float-model comparison as ``picture``."""
+    (``etkit_exporter.pictures``), named in its float-model comparison as ``picture``.
+
+    ``verification["verdict"]`` judges each output against the quantized PT2E model with
+    ``tolerance`` (``etkit_exporter.verdict``; ``float_export``: the export is not quantized).
+    ``delegates`` (backend id -> Python implementation, as ``PteProgram.register_delegate``
+    takes) runs the program in etkit's runner with those implementations in place of the
+    built-in ones, whatever the target: to verify a program against another implementation
+    of a backend."""
+    from etkit_exporter.verdict import check_tolerance, judge_outputs
+
+    judged_by = check_tolerance(tolerance)
     inputs = [
         program_input(x, entry)
         for x, entry in zip(example_inputs, io_params["inputs"], strict=True)
     ]
-    delegates: list[dict[str, Any]] | None = None
-    if target == "vgf":
-        raw, delegates = _run_in_etkit_runner(pte, inputs)
+    rows: list[dict[str, Any]] | None = None
+    calls: list[Any] | None = None
+    if target == "vgf" or delegates:
+        raw, rows, calls = _run_in_etkit_runner(pte, inputs, delegates)
     else:
         raw = _run_in_executorch_runtime(pte, inputs)
     actual = [float_output(y, e) for y, e in zip(raw, io_params["outputs"], strict=True)]
@@ -225,13 +316,62 @@ def verify_run(
                     f"output {index} vs the float model: PSNR "
                     + ("inf" if db is None else f"{db:.2f} dB")
                     + f", max abs error {comparison['max_abs_error']:.4g}",
+                    quantized=references["quantized PT2E model"][index],
+                    step=entry["scale"],
                 )
                 comparison["picture"] = picture
             comparisons.append(comparison)
-    verification: dict[str, Any] = {
-        "runner": RUNNERS.get(target, "executorch.runtime"),
-        "comparisons": comparisons,
-    }
-    if delegates is not None:
-        verification["delegates"] = delegates
-    return VerifiedRun(verification, inputs, [y.clone() for y in raw])
+    runner = RUNNERS["vgf"] if calls is not None else RUNNERS.get(target, "executorch.runtime")
+    if delegates:
+        runner += " with " + ", ".join(f"{k} by a given implementation" for k in delegates)
+    verification: dict[str, Any] = {"runner": runner, "comparisons": comparisons}
+    if rows is not None:
+        verification["delegates"] = rows
+    verification["verdict"] = judge_outputs(
+        actual,
+        references["quantized PT2E model"],
+        io_params["outputs"],
+        judged_by,
+        float_export=float_export,
+    )
+    return VerifiedRun(verification, inputs, [y.clone() for y in raw], calls)
+
+
+def verify_export(
+    folder: Path,
+    model: torch.nn.Module,
+    quantized_model: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    io_params: dict[str, Any],
+    target: str = "xnnpack",
+    *,
+    tolerance: VerifyTolerance | None = None,
+    float_export: bool = False,
+    delegates: Mapping[str, DelegateFn] | None = None,
+) -> VerifiedRun:
+    """What ``export_model(verify=True)`` does with an export in ``folder`` (its ``model.pte``,
+    ``etrecord.bin`` and ``etrecord.json``): ``verify_run`` (pictures into ``folder``), and
+    when an output fails its tolerance, the localization (``etkit_exporter.verdict.localize``):
+    each delegate call against the quantized PT2E model's value of the same tensor, the first
+    failing one in ``verification["verdict"]["divergence"]`` and every call in
+    ``["delegate_calls"]``; then the Model Explorer per-node data. ``delegates`` as in
+    ``verify_run``."""
+    from etkit_exporter.model_explorer import write_node_data
+    from etkit_exporter.verdict import check_tolerance, localize
+
+    judged_by = check_tolerance(tolerance)
+    run = verify_run(
+        folder / "model.pte", model, quantized_model, example_inputs, io_params, target,
+        pictures=folder, tolerance=judged_by, float_export=float_export, delegates=delegates,
+    )  # fmt: skip
+    verdict = run.verification["verdict"]
+    if not run.passed:
+        first, rows, note = localize(
+            folder, judged_by, run.delegate_calls, io_params, float_export=float_export
+        )
+        verdict["divergence"] = first
+        verdict["delegate_calls"] = rows
+        if note is not None:
+            verdict["localization_note"] = note
+    write_node_data(folder, run.verification)  # Model Explorer per-node data, per delegate
+    return run

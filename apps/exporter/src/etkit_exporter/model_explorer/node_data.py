@@ -16,6 +16,12 @@ file, so there are four:
   else the program output the delegate writes against the quantized PT2E model;
 - ``model_explorer_node_data_db.json``: the PSNR in dB of the program output the delegate
   writes against the quantized PT2E model (absent where identical or not measured).
+
+When the verdict failed, each delegate call that the localization compared (its own output
+against the quantized PT2E model's value of the same tensor, ``verification["verdict"]
+["delegate_calls"]``) says so in ``model_explorer_node_data.json`` (``vs PT2E: 4 steps max,
+38.1 dB: FIRST TO FAIL``), coloured red when it fails, and its figures are those of
+``_steps.json`` and ``_db.json``.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ GREEN, YELLOW, ORANGE, RED = "#c8e6c9", "#fff59d", "#ffcc80", "#ef9a9a"
 class OutputError:
     """A program output a delegate writes, against the quantized PT2E model."""
 
-    output: int
+    output: int  # the program output; -1: the delegate's own output (the localization's)
     max_steps: int | None
     psnr_db: float | None  # None: identical (or not measured)
 
@@ -56,6 +62,7 @@ class DelegateFigures:
     milliseconds: float | None = None
     steps_vs_ideal: int | None = None
     outputs: list[OutputError] = field(default_factory=list)
+    verdict: str | None = None  # "ok", "fails", "first to fail": the localization's
 
     @property
     def steps(self) -> int | None:
@@ -85,14 +92,17 @@ class DelegateFigures:
             parts.append(f"{self.milliseconds:.3f} ms")
         if self.steps_vs_ideal is not None:
             parts.append(f"{_steps(self.steps_vs_ideal)} vs ideal")
+        if self.verdict is not None:
+            parts.append(f"verdict vs the quantized model: {self.verdict}")
         for o in self.outputs:
+            label = "its output" if o.output < 0 else f"output {o.output}"
             if o.psnr_db is None and o.max_steps in (0, None):
-                parts.append(f"output {o.output}: identical to the quantized model")
+                parts.append(f"{label}: identical to the quantized model")
                 continue
             figures = [] if o.max_steps is None else [_steps(o.max_steps)]
             if o.psnr_db is not None:
                 figures.append(f"{o.psnr_db:.2f} dB")
-            parts.append(f"output {o.output}: {', '.join(figures)} vs the quantized model")
+            parts.append(f"{label}: {', '.join(figures)} vs the quantized model")
         return "; ".join(parts)
 
 
@@ -184,6 +194,22 @@ def delegate_figures(
                 None if db is None else float(db),
             )
         )
+    for row in (verification.get("verdict") or {}).get("delegate_calls") or []:
+        site = sites.get((int(row.get("chain", 0)), int(row["instruction"])))
+        if site is None or "passes" not in row:
+            continue
+        item = entry(site)
+        item.verdict = (
+            "ok" if row["passes"] else "FIRST TO FAIL" if row.get("first_failing") else "fails"
+        )
+        steps = row.get("max_steps")
+        item.outputs = [
+            OutputError(
+                -1,
+                None if steps is None else int(steps),
+                None if row.get("psnr_db") is None else float(row["psnr_db"]),
+            )
+        ]
     order = [s.node_id for s in delegate_call_sites(method)]
     return sorted(figures.values(), key=lambda f: order.index(f.node_id))
 
@@ -195,7 +221,10 @@ def node_data(
     module's docstring (a file with no values is left out); arguments as ``delegate_figures``."""
     figures = delegate_figures(artifacts_dir, verification)
     summary = {
-        f.node_id: {"value": f.summary(), **_color(_steps_color(f.worst_steps))}
+        f.node_id: {
+            "value": f.summary(),
+            **_color(RED if f.verdict not in (None, "ok") else _steps_color(f.worst_steps)),
+        }
         for f in figures
         if f.summary()
     }
