@@ -20,10 +20,12 @@ from __future__ import annotations
 import glob
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # imported where used: parse_image_range serves commands before torch loads
+    import torch
 
 IMAGE_SUFFIXES: Final = (".png", ".jpg", ".jpeg")
 ARRAY_SUFFIXES: Final = (".npy",)
@@ -61,6 +63,7 @@ def _files(path: str) -> list[Path]:
 
 
 def read_image(path: Path, image_range: tuple[float, float] | None) -> torch.Tensor:
+    import torch
     from PIL import Image, UnidentifiedImageError
 
     if image_range is None:
@@ -82,6 +85,8 @@ def read_image(path: Path, image_range: tuple[float, float] | None) -> torch.Ten
 
 
 def read_array(path: Path) -> torch.Tensor:
+    import torch
+
     try:
         array = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as error:
@@ -90,6 +95,8 @@ def read_array(path: Path) -> torch.Tensor:
 
 
 def _read_sample_file(path: Path, names: Sequence[str]) -> tuple[torch.Tensor, ...]:
+    import torch
+
     if path.suffix.lower() == ".npz":
         try:
             with np.load(path, allow_pickle=False) as archive:
@@ -126,6 +133,8 @@ def _read_one(path: Path, image_range: tuple[float, float] | None) -> torch.Tens
 def _check(
     sample: tuple[torch.Tensor, ...], examples: tuple[torch.Tensor, ...], source: Path
 ) -> tuple[torch.Tensor, ...]:
+    import torch
+
     if len(sample) != len(examples):
         raise CalibrationDataError(
             f"{source}: holds {len(sample)} inputs, the model takes {len(examples)}"

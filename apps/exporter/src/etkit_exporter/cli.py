@@ -4,19 +4,63 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
+import shlex
 import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from etkit_exporter import doctor
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse`` that reads a value starting with ``-`` and a digit (``--image-range -1,1``,
+    ``--image-range -.5,.5``) as the option's value. Plain argparse takes only ``-1`` or
+    ``-0.5`` for a value and ``-1,1`` for an unknown option (``expected one argument``); no
+    etkit option starts with ``-`` and a digit, so nothing else changes. Subparsers inherit
+    it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
+
+def version_line(prog: str) -> str:
+    """``prog``'s version and those of the toolchain it runs on (read from the installed
+    distributions: nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from etkit_exporter import __version__
+
+    parts = []
+    for name in ("etkit-exporter", "etkit-gridsampler", "etkit-quant", "etkit-partition",
+                 "etkit-layout", "executorch", "torch", "torchao"):  # fmt: skip
+        try:
+            parts.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            parts.append(f"{name} not installed")
+    return f"{prog} {__version__} ({'; '.join(parts)})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the versions are read only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(version_line(parser.prog))
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="etkit",
         description="etkit: export grid-sampling image models to ExecuTorch (VGF, XNNPACK).",
     )
+    parser.add_argument("--version", action=_VersionAction, help="print the versions and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check = commands.add_parser(
         "doctor",
@@ -41,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
         "outputs, output_K.png into --out. Exit status 0 run, 2 bad input.",
     )
     run.add_argument("pte", type=Path, metavar="MODEL.pte", nargs="?",
-                     help="an etkit export, or a model.bpte to check its test cases")  # fmt: skip
+                     help="an etkit export's model.pte (or its folder, as etkit inspect takes "
+                     "it), or a model.bpte to check its test cases")  # fmt: skip
     run.add_argument("--scenario", type=Path, metavar="DIR",
                      help="run an export's scenario/ folder with scenario_runner instead "
                      "(its own inputs unless --input is given)")  # fmt: skip
@@ -73,37 +118,56 @@ def _parser() -> argparse.ArgumentParser:
                          help="print only; leave report.json and report.md as they "
                          "are")  # fmt: skip
     inspect.add_argument("--json", action="store_true", help="print the table as JSON")
+    commands.add_parser(
+        "vulkan-env",
+        help="print the shell lines that load Arm's ML emulation layers (for scenario_runner)",
+        description="Prints `export NAME=VALUE` lines that make a shell load Arm's ML emulation "
+        "layers for Vulkan in the right order (Graph above Tensor), as etkit does for "
+        'scenario_runner: eval "$(etkit vulkan-env)". A driver that implements VK_ARM_tensors '
+        "and VK_ARM_data_graph itself needs none of this.",
+    )
     return parser
 
 
 def _run(args: argparse.Namespace) -> int:
+    # Only light modules until the arguments are checked: torch and ExecuTorch take seconds
+    # to import, and a mistake is answered at once.
     from etkit_exporter.calibration_data import CalibrationDataError, parse_image_range
-    from etkit_exporter.run_cli import RunUsageError, run_export
+    from etkit_exporter.run_cli import RunUsageError, check_arguments, resolve_program
 
     if (args.pte is None) == (args.scenario is None):
         print("etkit run: give MODEL.pte (or model.bpte) or --scenario DIR, one of them",
               file=sys.stderr)  # fmt: skip
         return 2
-    if args.scenario is not None:
-        return _run_scenario(args)
-    if args.pte.suffix == ".bpte":
+    try:
+        args.image_range = parse_image_range(args.image_range)
+        if args.scenario is not None:
+            return _run_scenario(args)
+        pte = args.pte = resolve_program(args.pte)
+        if pte.suffix != ".bpte":
+            check_arguments(args.input, args.out, args.etdump)
+    except (RunUsageError, CalibrationDataError) as error:
+        print(f"etkit run: {error}".splitlines()[0], file=sys.stderr)
+        return 2
+    if pte.suffix == ".bpte":
         return _run_bundle(args)
+    from etkit_exporter.run_cli import run_export
+
     try:
         summary = run_export(
-            args.pte,
+            pte,
             args.input,
             args.out,
             backend_impl=args.backend_impl,
-            image_range=parse_image_range(args.image_range),
+            image_range=args.image_range,
             etdump=args.etdump,
         )
     except (RunUsageError, CalibrationDataError) as error:
-        print(f"etkit run: {error}", file=sys.stderr)
+        print(f"etkit run: {error}".splitlines()[0], file=sys.stderr)
         return 2
+    _print_warnings(summary["warnings"])
     for backend, implementation, seconds in summary["delegate_calls"]:
         print(f"  {backend:<20} {implementation:<34} {1000 * seconds:9.2f} ms")
-    for warning in summary["warnings"]:
-        print(f"  warning: {warning}")
     if "etdump" in summary:
         print(
             f"ETDump ({summary['etdump_events']} events): {summary['etdump']}, intermediate "
@@ -121,6 +185,11 @@ def _run(args: argparse.Namespace) -> int:
         f"{', '.join(summary['outputs'])} to {args.out}"
     )
     return 0
+
+
+def _print_warnings(warnings: Sequence[str]) -> None:
+    for warning in warnings:
+        print(f"etkit run: warning: {warning}", file=sys.stderr)
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -155,16 +224,15 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _run_scenario(args: argparse.Namespace) -> int:
     """``etkit run --scenario DIR``: the export's Vulkan scenario, whole, in scenario_runner."""
-    from etkit_exporter.calibration_data import CalibrationDataError, parse_image_range
+    from etkit_exporter.calibration_data import CalibrationDataError
     from etkit_exporter.run_cli import RunUsageError, run_scenario_folder
 
     try:
-        summary = run_scenario_folder(
-            args.scenario, args.input, args.out, parse_image_range(args.image_range)
-        )
+        summary = run_scenario_folder(args.scenario, args.input, args.out, args.image_range)
     except (RunUsageError, CalibrationDataError) as error:
         print(f"etkit run: {error}".splitlines()[0], file=sys.stderr)
         return 2
+    _print_warnings(summary["warnings"])
     print(
         f"ran in {summary['seconds']:.2f} s ({summary['runner']}); wrote "
         f"{', '.join(summary['outputs'])} to {args.out}"
@@ -200,6 +268,23 @@ def _run_bundle(args: argparse.Namespace) -> int:
     return 0 if not failed else 1
 
 
+def _vulkan_env() -> int:
+    """``etkit vulkan-env``: the variables ``ml_emulation_env`` sets, as shell lines."""
+    import os
+
+    from etkit_exporter.vulkan_env import EmulationLayersMissingError, ml_emulation_env
+
+    try:
+        env = ml_emulation_env()
+    except EmulationLayersMissingError as error:
+        print(f"etkit vulkan-env: {error}", file=sys.stderr)
+        return 1
+    for name in sorted(env):
+        if env[name] != os.environ.get(name):
+            print(f"export {name}={shlex.quote(env[name])}")
+    return 0
+
+
 def quiet_third_party_noise() -> None:
     """Silences what torch and torchao print on import (their optional CUDA kernels failing to
     load on a CPU machine, deprecation notices), which would bury the command's own output."""
@@ -223,6 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     if args.command == "inspect":
         return _inspect(args)
+    if args.command == "vulkan-env":
+        return _vulkan_env()
     return 2  # unreachable: argparse requires a command
 
 
