@@ -440,7 +440,10 @@ def vgf_export(tmp_path_factory: pytest.TempPathFactory) -> Any:
         if name not in _EXPORTS:
             model, inputs = DEMOS[name]()
             root = tmp_path_factory.mktemp("vgf") / name
-            _EXPORTS[name] = export_model(model, inputs, artifacts_root=root, target="vgf")
+            # the split program: VGF delegates around etkit's grid-sampler delegate
+            _EXPORTS[name] = export_model(
+                model, inputs, artifacts_root=root, target="vgf", sampler_delegate=True
+            )
         return _EXPORTS[name]
 
     return get

@@ -1,4 +1,4 @@
-"""One Vulkan scenario per export (issue 12): ``export_model(..., scenario=True)`` writes
+"""One Vulkan scenario per export: ``export_model(..., scenario=True)`` writes
 ``scenario/``, and ``scenario_runner`` runs the whole program from it in one process on lavapipe,
 bit-identical to etkit's ``.pte`` runner with the Vulkan grid-sampler kernel.
 
@@ -75,8 +75,16 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Any:
                     "quantized_input_qspecs": case.input_qspecs,
                     "quantized_output_qspecs": case.output_qspecs,
                 }
+            # the split program (VGF dispatches and etkit's shader between them); the scenario
+            # of a one-VGF export (one dispatch_vgf): tests/test_one_vgf.py
             _EXPORTS[name] = export_model(
-                model, inputs, artifacts_root=root / name, target="vgf", scenario=True, **options
+                model,
+                inputs,
+                artifacts_root=root / name,
+                target="vgf",
+                scenario=True,
+                sampler_delegate=True,
+                **options,
             )
         return _EXPORTS[name]
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -60,7 +61,109 @@ def scenario_template(vgf_path: Path) -> dict[str, Any]:
         if done.returncode != 0:
             raise ScenarioError(f"vgf_dump failed on {vgf_path}:\n{done.stderr[-2000:]}")
         result: dict[str, Any] = json.loads(out.read_text())
+        return embedded_shaders(result)
+
+
+def embedded_shaders(scenario: dict[str, Any]) -> dict[str, Any]:
+    """``scenario`` running each COMPUTE segment with the SPIR-V embedded in the VGF:
+    ``vgf_dump --scenario-template`` gives every compute segment a ``shader_substitutions``
+    entry pointing at a placeholder file (scenario_runner then stops: "Cannot open SPIR-V
+    shader file"); this drops those entries and the placeholder shader resources."""
+    placeholders = {
+        body["uid"]
+        for resource in scenario.get("resources", [])
+        for kind, body in resource.items()
+        if kind == "shader" and str(body.get("src", "")).startswith("TEMPLATE_PATH_")
+    }
+    for command in scenario.get("commands", []):
+        dispatch = command.get("dispatch_graph")
+        if isinstance(dispatch, dict) and "shader_substitutions" in dispatch:
+            kept = [
+                s
+                for s in dispatch["shader_substitutions"]
+                if s.get("shader_ref") not in placeholders
+            ]
+            if kept:
+                dispatch["shader_substitutions"] = kept
+            else:
+                del dispatch["shader_substitutions"]
+    scenario["resources"] = [
+        r
+        for r in scenario.get("resources", [])
+        if r.get("shader", {}).get("uid") not in placeholders
+    ]
+    return scenario
+
+
+@dataclass(frozen=True)
+class VgfPort:
+    """One input or output of a VGF as its scenario template binds it: ``body`` is the
+    template's resource (a ``tensor``, or a ``buffer`` where the VGF binds the value straight to
+    a compute segment's storage buffer), ``dims`` and ``format`` what the VGF declares."""
+
+    index: int
+    kind: str
+    body: dict[str, Any]
+    dims: tuple[int, ...]
+    format: str
+
+
+def vgf_declarations(vgf_path: Path) -> dict[str, Any]:
+    """``vgf_dump``'s description of a VGF file (segments, resources, model sequence)."""
+    with tempfile.TemporaryDirectory(prefix="etkit-vgf-dump-") as tmp:
+        out = Path(tmp) / "vgf.json"
+        done = subprocess.run(
+            [find_tool("vgf_dump"), "-i", str(vgf_path), "-o", str(out)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ScenarioError(f"vgf_dump failed on {vgf_path}:\n{done.stderr[-2000:]}")
+        result: dict[str, Any] = json.loads(out.read_text())
         return result
+
+
+def vgf_ports(vgf_path: Path, scenario: dict[str, Any]) -> tuple[list[VgfPort], list[VgfPort]]:
+    """The inputs and outputs of the VGF at ``vgf_path`` in the order the VGF numbers them, with
+    the resources of its scenario template ``scenario`` that bind them: tensors, and the storage
+    buffers through which a compute segment at the VGF's edge reads or writes a value directly.
+    Matched through the graph dispatch's bindings (the template numbers its tensor and buffer
+    placeholders separately, so their names do not give the VGF's order); dims and format come
+    from the VGF's resource table."""
+    declarations = vgf_declarations(vgf_path)
+    bodies = {
+        body["uid"]: (kind, body)
+        for resource in scenario.get("resources", [])
+        for kind, body in resource.items()
+        if kind in ("tensor", "buffer")
+    }
+    dispatches = [
+        body
+        for command in scenario.get("commands", [])
+        for kind, body in command.items()
+        if kind in ("dispatch_graph", "dispatch_vgf")
+    ]
+    if len(dispatches) != 1:
+        raise ScenarioError(
+            f"{vgf_path}: its scenario template has {len(dispatches)} graph dispatches, not 1"
+        )
+    by_binding = {int(b["id"]): str(b["resource_ref"]) for b in dispatches[0].get("bindings", [])}
+    ports: dict[str, list[VgfPort]] = {}
+    for role in ("inputs", "outputs"):
+        ports[role] = []
+        for entry in sorted(declarations["model_sequence"][role], key=lambda e: int(e["index"])):
+            uid = by_binding.get(int(entry["binding"]))
+            if uid is None or uid not in bodies:
+                raise ScenarioError(
+                    f"{vgf_path}: no resource of its scenario template binds {role[:-1]} "
+                    f"{entry['index']} (binding {entry['binding']})"
+                )
+            kind, body = bodies[uid]
+            table = declarations["resources"][int(entry["mrt_index"])]
+            dims = tuple(int(d) for d in table["shape"])
+            ports[role].append(VgfPort(int(entry["index"]), kind, body, dims, table["vk_format"]))
+    return ports["inputs"], ports["outputs"]
 
 
 def run_vgf(
@@ -80,30 +183,32 @@ def run_vgf(
         else:
             vgf_path = Path(vgf).resolve()
         scenario = scenario_template(vgf_path)
-        tensors = [r["tensor"] for r in scenario["resources"] if "tensor" in r]
-        input_specs = [t for t in tensors if "src" in t]
-        output_specs = [t for t in tensors if "dst" in t]
+        input_specs, output_specs = vgf_ports(vgf_path, scenario)
         if len(inputs) != len(input_specs):
             raise ScenarioError(f"the VGF takes {len(input_specs)} inputs, got {len(inputs)}")
         for index, (array, spec) in enumerate(zip(inputs, input_specs, strict=True)):
-            dtype = FORMAT_DTYPES.get(spec["format"])
-            if tuple(array.shape) != tuple(spec["dims"]) or array.dtype != dtype:
+            dtype = FORMAT_DTYPES.get(spec.format)
+            if tuple(array.shape) != spec.dims or array.dtype != dtype:
                 raise ScenarioError(
-                    f"input {index}: the VGF wants {spec['format']} {spec['dims']}, got "
+                    f"input {index}: the VGF wants {spec.format} {list(spec.dims)}, got "
                     f"{array.dtype} {list(array.shape)}"
                 )
             path = work / f"input_{index}.npy"
             np.save(path, np.ascontiguousarray(array))
-            spec["src"] = str(path)
+            spec.body["src"] = str(path)
         for index, spec in enumerate(output_specs):
-            spec["dst"] = str(work / f"output_{index}.npy")
+            spec.body["dst"] = str(work / f"output_{index}.npy")
         for resource in scenario["resources"]:
             if "graph" in resource:
                 resource["graph"]["src"] = str(vgf_path)
         scenario_path = work / "scenario.json"
         scenario_path.write_text(json.dumps(scenario, indent=1))
         _scenario_runner([str(scenario_path)], work, "")
-        return [np.load(spec["dst"]) for spec in output_specs]
+        results = []
+        for spec in output_specs:
+            raw = np.ascontiguousarray(np.load(str(spec.body["dst"]))).reshape(-1).view(np.uint8)
+            results.append(raw.view(FORMAT_DTYPES[spec.format]).reshape(spec.dims))
+        return results
 
 
 def _scenario_runner(arguments: list[str], work: Path, what: str) -> None:

@@ -45,6 +45,40 @@ SCENARIO_JSON: Final = "scenario.json"
 SIDECAR_JSON: Final = "etkit_scenario.json"
 SHADER_FILE: Final = "grid_sample.spv"
 SIDECAR_FORMAT: Final = "etkit-scenario/1"
+RUN_SCRIPT: Final = "run.sh"
+# What a user runs: scenario_runner needs VK_ARM_tensors / VK_ARM_data_graph, which only the ML
+# emulation layers give most drivers (lavapipe included), loaded as etkit loads them.
+RUN_SCRIPT_TEXT: Final = """\
+#!/bin/sh
+# Runs this folder's scenario (the whole etkit export, one Vulkan scenario) with Arm's
+# scenario_runner and writes its outputs (output_K.npy, memory order) into the folder OUT:
+#
+#   sh run.sh OUT
+#
+# scenario_runner asks the Vulkan driver for VK_ARM_tensors and VK_ARM_data_graph. Most drivers
+# (lavapipe, desktop GPUs) get them from Arm's ML emulation layers, which this script loads as
+# etkit does (`etkit vulkan-env`, from etkit's virtualenv: source .venv/bin/activate first).
+# On a device whose driver implements both extensions itself, run without the layers:
+#
+#   ETKIT_NATIVE_VULKAN=1 sh run.sh OUT
+#   (or: scenario_runner --scenario scenario.json --output OUT)
+set -eu
+if [ $# -ne 1 ]; then
+    echo "usage: sh $0 OUT  (OUT: the folder the outputs are written into)" >&2
+    exit 2
+fi
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$1"
+if [ -z "${ETKIT_NATIVE_VULKAN:-}" ]; then
+    if ! command -v etkit >/dev/null 2>&1; then
+        echo "$0: etkit is not on PATH: activate etkit's virtualenv (source .venv/bin/activate)," \\
+            "or set ETKIT_NATIVE_VULKAN=1 on a driver with VK_ARM_tensors" >&2
+        exit 2
+    fi
+    eval "$(etkit vulkan-env)"
+fi
+exec scenario_runner --scenario "$here/scenario.json" --output "$1"
+"""
 
 # The commands, by their scenario_runner 0.11 names (0.11 still reads the older
 # "dispatch_graph" and "dispatch_barrier", with a deprecation warning; vgf_dump's templates use
@@ -295,7 +329,7 @@ class ScenarioPlan:
             "memory_bytes": self.memory_bytes,
             "aliases": self.aliases,
             "notes": self.notes,
-            "run": f"scenario_runner --scenario {SCENARIO_DIR}/{SCENARIO_JSON} --output OUT",
+            "run": f"sh {SCENARIO_DIR}/{RUN_SCRIPT} OUT",
         }
 
 
@@ -501,20 +535,31 @@ class _Builder:
             )
 
     def vgf(self, name: str, position: int, delegate: DelegateInfo, args: tuple[int, ...]) -> None:
-        from etkit_exporter.scenario import FORMAT_DTYPES, ScenarioError, scenario_template
+        from etkit_exporter.scenario import (
+            FORMAT_DTYPES,
+            ScenarioError,
+            scenario_template,
+            vgf_ports,
+        )
 
         with tempfile.TemporaryDirectory(prefix="etkit-scenario-vgf-") as tmp:
             path = Path(tmp) / "model.vgf"
             path.write_bytes(delegate.processed)
             try:
                 template = scenario_template(path)
+                in_ports, out_ports = vgf_ports(path, template)
             except ScenarioError as error:
                 self.reasons.append(f"{name}: cannot read the VGF's declarations: {error}")
                 return
         graphs = [r["graph"] for r in template.get("resources", []) if "graph" in r]
         tensors = [r["tensor"] for r in template.get("resources", []) if "tensor" in r]
+        # a compute segment at the VGF's edge binds a program value as a storage buffer
+        port_uids = {p.body["uid"] for p in in_ports + out_ports}
         others = [
-            next(iter(r)) for r in template.get("resources", []) if not {"graph", "tensor"} & set(r)
+            next(iter(r))
+            for r in template.get("resources", [])
+            if not {"graph", "tensor"} & set(r)
+            and not ("buffer" in r and r["buffer"].get("uid") in port_uids)
         ]
         commands = template.get("commands", [])
         template_command = next(iter(commands[0])) if len(commands) == 1 else None
@@ -532,8 +577,7 @@ class _Builder:
                 "does not provide"
             )
             return
-        inputs = [t for t in tensors if "src" in t]
-        outputs = [t for t in tensors if "dst" in t]
+        inputs, outputs = in_ports, out_ports
         if len(inputs) + len(outputs) != len(args) or not outputs:
             self.reasons.append(
                 f"{name}: the VGF declares {len(inputs)} inputs and {len(outputs)} outputs, the "
@@ -543,12 +587,13 @@ class _Builder:
         refs: dict[str, str] = {}
         reads: list[_Resource] = []
         writes: list[_Resource] = []
-        for k, (spec, value) in enumerate(zip(inputs + outputs, args, strict=True)):
+        for k, (port, value) in enumerate(zip(inputs + outputs, args, strict=True)):
             role = f"input {k}" if k < len(inputs) else f"output {k - len(inputs)}"
             info = self.tensor(value, f"{name} {role}")
             if info is None:
                 return
-            dims = tuple(int(d) for d in spec["dims"])
+            spec = {**port.body, "dims": list(port.dims), "format": port.format}
+            dims = port.dims
             dtype = FORMAT_DTYPES.get(spec["format"])
             declared = math.prod(dims) * (dtype.itemsize if dtype is not None else 0)
             if dtype is None or declared != info.nbytes:
@@ -565,9 +610,12 @@ class _Builder:
                     f"program's value {value} is {info.describe()}: the VGF reads the same bytes "
                     "in its own layout, as ExecuTorch's VGF runtime copies them"
                 )
-            resource = self.view(
-                value, "tensor", dims=dims, fmt=spec["format"], name=f"value_{value}_tensor"
-            )
+            if port.kind == "buffer":  # bound straight to a compute segment's storage buffer
+                resource = self.view(value, "buffer", size=declared, name=f"value_{value}_buffer")
+            else:
+                resource = self.view(
+                    value, "tensor", dims=dims, fmt=spec["format"], name=f"value_{value}_tensor"
+                )
             refs[spec["uid"]] = resource.uid
             (reads if k < len(inputs) else writes).append(resource)
         for spec in tensors:
@@ -914,6 +962,14 @@ class _Builder:
                     f"{info.describe()}: no image format aliases it (an image here is one "
                     "channels-last plane of 1, 2 or 4 channels; give the model RGBA inputs)"
                 )
+            elif memory_dims(info)[-1] != info.sizes[1]:
+                # C = 1 in NCHW order (the same bytes as NHWC, declared N x 1 x H x W by the
+                # VGF): scenario_runner aliases an image only with a tensor whose innermost
+                # dim is the image's component count.
+                described["why_no_image"] = (
+                    f"{info.describe()}: its tensor is declared {list(memory_dims(info))}, and "
+                    "an image aliases only a tensor whose innermost dim is its channel count"
+                )
             elif info.sizes[0] != 1:
                 described["why_no_image"] = (
                     f"batch {info.sizes[0]}: an image holds one plane; alias each batch element"
@@ -1101,8 +1157,11 @@ def write_scenario(
     files = dict(plan.files)
     for array, io in zip(arrays, plan.inputs, strict=True):
         files[io.file] = _npy_bytes(array)
+    files[RUN_SCRIPT] = RUN_SCRIPT_TEXT.encode()
     for name, data in files.items():
         (folder / name).write_bytes(data)
+    script = folder / RUN_SCRIPT
+    script.chmod(script.stat().st_mode | (0o111 & (script.stat().st_mode >> 2)))  # +x as +r
     (folder / SCENARIO_JSON).write_text(json.dumps(plan.scenario, indent=1) + "\n")
     summary = plan.summary()
     summary["files"] = {
@@ -1174,7 +1233,7 @@ def scenario_report(
         "inputs": [io["file"] for io in summary["inputs"]],
         "outputs": [io["file"] for io in summary["outputs"]],
         "run": [
-            f"scenario_runner --scenario {SCENARIO_DIR}/{SCENARIO_JSON} --output OUT",
+            f"sh {SCENARIO_DIR}/{RUN_SCRIPT} OUT",
             f"etkit run --scenario {SCENARIO_DIR}/",
             "python -c 'from etkit_exporter.scenario import run_scenario; "
             f'print(run_scenario("{SCENARIO_DIR}"))\'',
@@ -1204,11 +1263,14 @@ def scenario_markdown(section: Mapping[str, Any]) -> list[str]:
             f"| {d['command']} | {d['instruction']} | {d['delegate']} | {d['backend']} | "
             f"{d['file']} | {groups} |"
         )
-    lines += ["", "Run it:", "", "```"]
+    lines += ["", "Run it (the script loads Arm's ML emulation layers, as etkit does):", "", "```"]
     lines += [
-        f"scenario_runner --scenario {section['folder']}/{SCENARIO_JSON} --output OUT",
-        f"etkit run --scenario {section['folder']}/",
+        f"sh {section['folder']}/{RUN_SCRIPT} OUT",
+        f"etkit run --scenario {section['folder']}/ --out OUT",
         "```",
+        "",
+        "On a device whose Vulkan driver implements VK_ARM_tensors and VK_ARM_data_graph itself: "
+        f"`scenario_runner --scenario {section['folder']}/{SCENARIO_JSON} --output OUT`.",
         "",
     ]
     return lines

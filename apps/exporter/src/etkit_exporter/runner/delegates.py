@@ -145,23 +145,14 @@ class VgfTensor:
 
 @lru_cache(maxsize=64)
 def _vgf_io_cached(processed: bytes) -> tuple[tuple[VgfTensor, ...], ...]:
-    from etkit_exporter.scenario import FORMAT_DTYPES, scenario_template
+    from etkit_exporter.scenario import FORMAT_DTYPES, scenario_template, vgf_ports
 
     with tempfile.TemporaryDirectory(prefix="etkit-pte-vgf-") as tmp:
         path = Path(tmp) / "model.vgf"
         path.write_bytes(processed)
-        scenario = scenario_template(path)
-    tensors = [r["tensor"] for r in scenario["resources"] if "tensor" in r]
-    inputs = tuple(
-        VgfTensor(tuple(t["dims"]), t["format"], FORMAT_DTYPES.get(t["format"]))
-        for t in tensors
-        if "src" in t
-    )
-    outputs = tuple(
-        VgfTensor(tuple(t["dims"]), t["format"], FORMAT_DTYPES.get(t["format"]))
-        for t in tensors
-        if "dst" in t
-    )
+        ins, outs = vgf_ports(path, scenario_template(path))
+    inputs = tuple(VgfTensor(p.dims, p.format, FORMAT_DTYPES.get(p.format)) for p in ins)
+    outputs = tuple(VgfTensor(p.dims, p.format, FORMAT_DTYPES.get(p.format)) for p in outs)
     return inputs, outputs
 
 
