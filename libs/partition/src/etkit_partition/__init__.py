@@ -2,6 +2,7 @@
 partitioners."""
 
 from etkit_partition.dtypes import DetagQuantizeDtypes
+from etkit_partition.pads import DetagQuantizedPads
 from etkit_partition.partitioner import PolicyPartitioner
 from etkit_partition.policies import (
     DetagInputQuantize,
@@ -21,6 +22,7 @@ __all__ = [
     "DetagOps",
     "DetagOutputDequantize",
     "DetagQuantizeDtypes",
+    "DetagQuantizedPads",
     "PartitionPolicy",
     "PolicyPartitioner",
     "__version__",

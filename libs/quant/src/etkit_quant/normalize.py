@@ -1,0 +1,383 @@
+"""``normalize_program``: makes a library-built ATen graph look like a hand-written one before a
+quantizer sees it.
+
+Libraries such as kornia compute their sampling grids with code written for eager PyTorch: the
+matrix inverse of a fixed transform element by element, in-place writes into freshly made
+tensors, ``.to()`` calls that change nothing, factors like ``2 / (W - 1)`` as 0-dim tensors.
+``torch.export`` records all of it, and the quantizers and backends downstream trip over it
+(see the exporter README's "Known upstream issues"). Each step below changes the graph, never
+what it computes (each is tested for exact equality on the float model):
+
+- ``functionalize``: in-place ops (``copy_``, ``add_``, ``mul_``, ...) become their functional
+  forms (``torch.export``'s own functionalization, no decomposition) when one writes a value
+  another node can see (a view's base, a buffer); an in-place activation on a fresh tensor
+  only it reads (``relu(inplace=True)``) needs none;
+- ``drop_metadata_asserts``: ``aten._assert_tensor_metadata`` nodes (what ``.to()`` leaves)
+  are removed, and ``.to()`` conversions that change neither dtype nor device are bypassed;
+- ``fold_constants``: every subgraph that depends on no graph input (a fixed matrix's inverse, a
+  base grid, a constant grid) is computed once and becomes one constant;
+- ``tensor_scalars``: a scalar op (``eq.Scalar``, ``add.Scalar``, ...) on a 0-dim tensor becomes
+  its tensor form with a 0-dim constant (ExecuTorch's Arm quantizer turns the scalar into a
+  1-element tensor of shape [1], which changes the result's shape);
+- ``ranked_scalar_constants``: a 0-dim constant meeting a tensor of rank r in an elementwise op
+  becomes a constant of shape [1] * r (ExecuTorch's XNNPACK lowering indexes every quantized
+  constant's first dimension).
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx import GraphModule, Node
+
+from etkit_quant.graph import target_name
+
+logger = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+
+# A folded constant larger than this stays computed in the graph: folding must not bloat the
+# program (a coordinate grid of 1024 x 1024 positions is 2 M values).
+MAX_FOLDED_ELEMENTS: Final = 1 << 22
+
+_METADATA_ASSERTS: Final = frozenset(
+    {"aten::_assert_tensor_metadata", "aten::_assert_tensor_metadata.default"}
+)
+_CONVERSIONS: Final = frozenset(
+    {
+        "aten::to.dtype",
+        "aten::to.device",
+        "aten::to.dtype_layout",
+        "aten::to.other",
+        "aten::_to_copy",
+        "aten::_to_copy.default",
+        "aten::type_as",
+        "aten::type_as.default",
+    }
+)
+# Scalar overloads whose tensor form takes the same arguments with a tensor in place of the
+# scalar; ExecuTorch's Arm quantizer replaces exactly these (ReplaceScalarWithTensorByProfilePass).
+_SCALAR_TO_TENSOR: Final[dict[Any, Any]] = {
+    aten.add.Scalar: aten.add.Tensor,
+    aten.sub.Scalar: aten.sub.Tensor,
+    aten.mul.Scalar: aten.mul.Tensor,
+    aten.div.Scalar: aten.div.Tensor,
+    aten.eq.Scalar: aten.eq.Tensor,
+    aten.ne.Scalar: aten.ne.Tensor,
+    aten.gt.Scalar: aten.gt.Tensor,
+    aten.ge.Scalar: aten.ge.Tensor,
+    aten.lt.Scalar: aten.lt.Tensor,
+    aten.le.Scalar: aten.le.Tensor,
+    aten.remainder.Scalar: aten.remainder.Tensor,
+    aten.bitwise_and.Scalar: aten.bitwise_and.Tensor,
+    aten.bitwise_or.Scalar: aten.bitwise_or.Tensor,
+    aten.bitwise_xor.Scalar: aten.bitwise_xor.Tensor,
+}
+# Tensor overloads that also take a number as their second operand (``x + 2.0``); the Arm
+# backend's passes turn those into the scalar overloads above.
+_SCALAR_OPERAND_TENSOR_OPS: Final = frozenset(
+    {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor}
+)
+# Elementwise ops that broadcast all their tensor arguments: a 0-dim argument can take any rank
+# up to the result's without changing the result.
+_BROADCASTING: Final = frozenset(
+    {
+        aten.add.Tensor,
+        aten.sub.Tensor,
+        aten.mul.Tensor,
+        aten.div.Tensor,
+        aten.div.Tensor_mode,
+        aten.maximum.default,
+        aten.minimum.default,
+        aten.pow.Tensor_Tensor,
+        aten.where.self,
+        aten.clamp_min.Tensor,
+        aten.clamp_max.Tensor,
+        aten.eq.Tensor,
+        aten.ne.Tensor,
+        aten.lt.Tensor,
+        aten.le.Tensor,
+        aten.gt.Tensor,
+        aten.ge.Tensor,
+        aten.atan2.default,
+        aten.remainder.Tensor,
+    }
+)
+
+
+@dataclass
+class NormalizationReport:
+    """What ``normalize_program`` changed: a count per step (``steps``), and the names of the
+    nodes each step folded, dropped or rewrote (``nodes``)."""
+
+    steps: dict[str, int] = field(default_factory=dict)
+    nodes: dict[str, list[str]] = field(default_factory=dict)
+
+    def record(self, step: str, names: Sequence[str]) -> None:
+        self.steps[step] = self.steps.get(step, 0) + len(names)
+        self.nodes.setdefault(step, []).extend(names)
+
+    @property
+    def changed(self) -> bool:
+        return any(self.steps.values())
+
+    def summary(self) -> str:
+        done = [f"{step} {count}" for step, count in self.steps.items() if count]
+        return ", ".join(done) if done else "nothing to normalize"
+
+
+def normalize_program(
+    program: ExportedProgram, example_inputs: tuple[torch.Tensor, ...]
+) -> tuple[ExportedProgram, NormalizationReport]:
+    """``program`` normalized (the module's steps, in order) and exported again on
+    ``example_inputs``, with what changed. A program with nothing to normalize is returned as it
+    is. Raises ``TypeError`` for a ``program`` that is not an ``ExportedProgram`` or inputs that
+    are not a tuple of tensors."""
+    if not isinstance(program, ExportedProgram):
+        raise TypeError(
+            f"program must be a torch.export.ExportedProgram, got {type(program).__name__}"
+        )
+    if not isinstance(example_inputs, tuple) or not all(
+        isinstance(x, torch.Tensor) for x in example_inputs
+    ):
+        raise TypeError("example_inputs must be the tuple of tensors the program was exported with")
+    report = NormalizationReport()
+    mutating = [n.name for n in program.graph.nodes if _mutates(n) and not _writes_own_value(n)]
+    if mutating:
+        program = program.run_decompositions({})  # functionalization only: decomposes nothing
+    report.record("functionalize", mutating)
+    module: GraphModule = program.module(check_guards=False)
+    report.record("drop_metadata_asserts", drop_metadata_asserts(module))
+    report.record("fold_constants", fold_constants(module))
+    report.record("tensor_scalars", tensor_scalars(module))
+    report.record("ranked_scalar_constants", ranked_scalar_constants(module))
+    if not report.changed:
+        return program, report
+    module.graph.eliminate_dead_code()
+    module.recompile()
+    normalized = torch.export.export(module, example_inputs, strict=False)
+    logger.info("normalized the graph: %s", report.summary())
+    return normalized, report
+
+
+def _mutates(node: Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return node.op == "call_function" and schema is not None and bool(schema.is_mutable)
+
+
+def _writes_own_value(node: Node) -> bool:
+    """Whether an in-place op writes a value nothing else can see: a fresh tensor (not an
+    input, a buffer or a view of another tensor) that only this op reads, as a hand-written
+    ``relu(inplace=True)`` does. Such ops stay as they are; the quantizers know them."""
+    target = node.args[0] if node.args else None
+    if not isinstance(target, Node) or target.op != "call_function" or len(target.users) != 1:
+        return False
+    schema = getattr(target.target, "_schema", None)
+    if schema is None or schema.is_mutable:
+        return False
+    return all(r.alias_info is None for r in schema.returns)
+
+
+def _value(node: object) -> torch.Tensor | None:
+    value = node.meta.get("val") if isinstance(node, Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def drop_metadata_asserts(module: GraphModule) -> list[str]:
+    """Removes ``aten._assert_tensor_metadata`` nodes and bypasses conversions (``.to()``,
+    ``_to_copy``, ``type_as``) whose result has the dtype, device, layout and shape of their
+    input, in a graph without in-place ops. Returns the names of the removed nodes."""
+    removed: list[str] = []
+    for node in list(module.graph.nodes):
+        name = target_name(node)
+        if name in _METADATA_ASSERTS and not node.users:
+            removed.append(node.name)
+            module.graph.erase_node(node)
+        elif name in _CONVERSIONS and _is_identity_conversion(node):
+            source = node.args[0]
+            assert isinstance(source, Node)
+            node.replace_all_uses_with(source)
+            removed.append(node.name)
+            module.graph.erase_node(node)
+    if removed:
+        module.recompile()
+    return removed
+
+
+def _is_identity_conversion(node: Node) -> bool:
+    source, result = (_value(node.args[0]) if node.args else None), _value(node)
+    if source is None or result is None:
+        return False
+    memory_format = node.kwargs.get("memory_format")
+    return (
+        source.dtype == result.dtype
+        and source.device == result.device
+        and source.layout == result.layout
+        and source.shape == result.shape
+        and memory_format in (None, torch.preserve_format)
+    )
+
+
+def fold_constants(module: GraphModule, max_elements: int = MAX_FOLDED_ELEMENTS) -> list[str]:
+    """Computes every operator that depends on no graph input (only on parameters, buffers,
+    constants and literal arguments) once, and replaces each such result that a computed node
+    or the output reads with a buffer holding it (``_folded_N``). Random operators and in-place
+    ones that write a value another node sees are never folded, nor results of over
+    ``max_elements`` values. Returns the names
+    of the replaced nodes."""
+    known: dict[Node, Any] = {}
+    for node in module.graph.nodes:
+        if node.op == "get_attr":
+            known[node] = _attribute(module, str(node.target))
+        elif node.op == "call_function" and _foldable(node, known):
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: known[n])
+            with torch.no_grad():
+                known[node] = node.target(*args, **kwargs)
+    replaced: list[str] = []
+    for node in list(module.graph.nodes):
+        value = known.get(node)
+        if node.op != "call_function" or not isinstance(value, torch.Tensor):
+            continue
+        if value.numel() > max_elements or all(user in known for user in node.users):
+            continue
+        with module.graph.inserting_before(node):
+            constant = _constant(module, value.clone(), node.name)
+        node.replace_all_uses_with(constant)
+        replaced.append(node.name)
+    if replaced:
+        module.graph.eliminate_dead_code()
+        _drop_unused_constants(module)
+        module.recompile()
+    return replaced
+
+
+def _foldable(node: Node, known: dict[Node, Any]) -> bool:
+    if not all(n in known for n in node.all_input_nodes):
+        return False
+    if node.target is operator.getitem:
+        return True
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if _mutates(node) and not _writes_own_value(node):
+        return False
+    if torch.Tag.nondeterministic_seeded in node.target.tags:
+        return False
+    return target_name(node) not in _METADATA_ASSERTS
+
+
+def _attribute(module: GraphModule, target: str) -> Any:
+    value: Any = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _constant(module: GraphModule, value: torch.Tensor, hint: str) -> Node:
+    """A ``get_attr`` node of a new buffer of ``module`` holding ``value``."""
+    index = 0
+    while hasattr(module, f"_folded_{index}"):
+        index += 1
+    name = f"_folded_{index}"
+    module.register_buffer(name, value)
+    node = module.graph.get_attr(name)
+    node.meta["val"] = value
+    node.meta["etkit_folded_from"] = hint
+    return node
+
+
+def _drop_unused_constants(module: GraphModule) -> None:
+    """Deletes the buffers no ``get_attr`` reads any more (folded into a constant), so that the
+    program does not carry them."""
+    for node in list(module.graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            module.graph.erase_node(node)
+    read = {str(n.target) for n in module.graph.nodes if n.op == "get_attr"}
+    for name, _ in list(module.named_buffers()):
+        if name not in read:
+            owner, _, leaf = name.rpartition(".")
+            delattr(_attribute(module, owner) if owner else module, leaf)
+
+
+def tensor_scalars(module: GraphModule) -> list[str]:
+    """Rewrites each scalar op (``eq.Scalar``, ``add.Scalar``, ..., and ``add.Tensor`` and its
+    kin given a number) whose tensor operand is 0-dim into its tensor form with a 0-dim
+    constant of the tensor's dtype (or the scalar's type where the two differ in kind), so
+    that no pass can widen the scalar into a shape. Returns the names of the rewritten
+    nodes."""
+    rewritten: list[str] = []
+    for node in list(module.graph.nodes):
+        tensor_form = _SCALAR_TO_TENSOR.get(node.target) if node.op == "call_function" else None
+        if node.op == "call_function" and node.target in _SCALAR_OPERAND_TENSOR_OPS:
+            tensor_form = node.target  # x.add(2.0): the tensor overload with a number
+        operand = _value(node.args[0]) if tensor_form is not None and node.args else None
+        if operand is None or operand.dim() != 0 or len(node.args) < 2:
+            continue
+        scalar = node.args[1]
+        if not isinstance(scalar, (bool, int, float)):
+            continue
+        dtype = operand.dtype
+        if isinstance(scalar, float) and not dtype.is_floating_point:
+            dtype = torch.get_default_dtype()  # the scalar's kind decides: keep the promotion
+        with module.graph.inserting_before(node):
+            constant = _constant(module, torch.tensor(scalar, dtype=dtype), node.name)
+        node.target = tensor_form
+        node.args = (node.args[0], constant, *node.args[2:])
+        rewritten.append(node.name)
+    if rewritten:
+        module.recompile()
+    return rewritten
+
+
+def ranked_scalar_constants(module: GraphModule) -> list[str]:
+    """Gives each 0-dim constant that meets tensors of rank r >= 1 (and its own dtype) in a
+    broadcasting elementwise op the shape [1] * r there. The result's shape and dtype are
+    unchanged: the op's output already has rank r. Returns the names of the rewritten ops."""
+    rewritten: list[str] = []
+    for node in list(module.graph.nodes):
+        if node.op != "call_function" or node.target not in _BROADCASTING:
+            continue
+        result = _value(node)
+        if result is None or result.dim() == 0:
+            continue
+        tensors = [a for a in node.args if isinstance(a, Node)]
+        new_args = list(node.args)
+        for index, arg in enumerate(node.args):
+            value = _scalar_constant(module, arg)
+            if value is None or not isinstance(arg, Node):
+                continue
+            others = [_value(t) for t in tensors if t is not arg]
+            if not others or any(o is None or o.dtype != value.dtype for o in others):
+                continue  # a 0-dim tensor promotes differently from a ranked one
+            with module.graph.inserting_before(node):
+                new_args[index] = _constant(
+                    module, value.reshape([1] * result.dim()).clone(), arg.name
+                )
+        if new_args != list(node.args):
+            node.args = tuple(new_args)
+            rewritten.append(node.name)
+    if rewritten:
+        module.graph.eliminate_dead_code()
+        module.recompile()
+    return rewritten
+
+
+def _scalar_constant(module: GraphModule, arg: object) -> torch.Tensor | None:
+    if not isinstance(arg, Node) or arg.op != "get_attr":
+        return None
+    value = _attribute(module, str(arg.target))
+    return value if isinstance(value, torch.Tensor) and value.dim() == 0 else None
+
+
+NormalizeStep = Callable[[GraphModule], list[str]]
+STEPS: Final[tuple[tuple[str, NormalizeStep], ...]] = (
+    ("drop_metadata_asserts", drop_metadata_asserts),
+    ("fold_constants", fold_constants),
+    ("tensor_scalars", tensor_scalars),
+    ("ranked_scalar_constants", ranked_scalar_constants),
+)

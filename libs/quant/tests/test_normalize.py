@@ -1,0 +1,251 @@
+"""``normalize_program``: each step removes the pattern it is about and changes no value of the
+float model (exact equality); each upstream bug it works around still reproduces without it (a
+pin: when one of these tests fails, upstream changed, and the step may go)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from etkit_quant.graph import target_name
+from etkit_quant.normalize import MAX_FOLDED_ELEMENTS, normalize_program
+
+
+def _ops(program: torch.export.ExportedProgram) -> list[str]:
+    return [target_name(n) for n in program.graph.nodes if n.op == "call_function"]
+
+
+def _normalized(
+    model: torch.nn.Module, *inputs: torch.Tensor
+) -> tuple[torch.export.ExportedProgram, torch.export.ExportedProgram, list[str]]:
+    exported = torch.export.export(model.eval(), inputs, strict=True)
+    normalized, report = normalize_program(exported, inputs)
+    for sample in (inputs, tuple(torch.randn_like(x) for x in inputs)):
+        expected = model(*sample)
+        actual = normalized.module()(*sample)
+        assert torch.equal(actual, expected), (actual - expected).abs().max()
+    return exported, normalized, [step for step, count in report.steps.items() if count]
+
+
+class FixedAffineWarp(torch.nn.Module):
+    """kornia's shape: a fixed matrix inverted element by element into a fresh 3x3 tensor
+    (in-place writes), a ``.to()`` that changes nothing, the grid built from it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("matrix", torch.tensor([[0.9, -0.1, 0.2], [0.1, 1.1, -0.3]]))
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        full = torch.eye(3)
+        full[:2] = self.matrix  # copy_
+        full[2, 2] += 0.0  # add_
+        inverse = torch.linalg.inv(full).to(image.dtype)  # _assert_tensor_metadata + to
+        theta = inverse[:2].unsqueeze(0)
+        grid = F.affine_grid(theta, [1, 3, 6, 8], align_corners=False)
+        return F.grid_sample(image, grid, align_corners=False)
+
+
+def test_in_place_ops_asserts_and_constant_grid_math_fold_into_one_grid() -> None:
+    exported, normalized, steps = _normalized(FixedAffineWarp(), torch.rand(1, 3, 6, 8))
+    before = _ops(exported)
+    assert "aten::copy_" in before and "aten::_assert_tensor_metadata" in before
+    assert _ops(normalized) == ["aten::grid_sampler"]
+    assert steps == ["functionalize", "drop_metadata_asserts", "fold_constants"]
+
+
+class PixelMapWarp(torch.nn.Module):
+    """kornia's pixel-map normalization: 2 / (W - 1) as 0-dim tensors from ``scalar_tensor``,
+    tested with ``eq.Scalar`` and stacked, applied to maps that are inputs."""
+
+    def forward(self, image: torch.Tensor, map_x: torch.Tensor) -> torch.Tensor:
+        width = torch.scalar_tensor(8.0)
+        factor = torch.where(width == 1, torch.ones(()), 2.0 / (width - 1.0))
+        grid_x = map_x * factor - 1.0
+        grid = torch.stack([grid_x, grid_x.flip(-2)], -1)
+        return F.grid_sample(image, grid, align_corners=True)
+
+
+def test_constant_factor_folds_and_keeps_the_input_arithmetic() -> None:
+    image, map_x = torch.rand(1, 3, 6, 8), torch.rand(1, 6, 8) * 7
+    exported, normalized, steps = _normalized(PixelMapWarp(), image, map_x)
+    assert "aten::scalar_tensor" in _ops(exported)
+    ops = _ops(normalized)
+    assert "aten::scalar_tensor" not in ops and "aten::where" not in ops
+    assert "aten::mul.Tensor" in ops and "aten::grid_sampler" in ops
+    assert "fold_constants" in steps
+
+
+def test_folded_zero_dim_constant_gets_the_rank_of_its_partner() -> None:
+    image, map_x = torch.rand(1, 3, 6, 8), torch.rand(1, 6, 8) * 7
+    _, normalized, steps = _normalized(PixelMapWarp(), image, map_x)
+    assert "ranked_scalar_constants" in steps
+    mul = next(n for n in normalized.graph.nodes if target_name(n) == "aten::mul.Tensor")
+    shapes = [tuple(a.meta["val"].shape) for a in mul.args if isinstance(a, torch.fx.Node)]
+    assert shapes == [(1, 6, 8), (1, 1, 1)]
+
+
+class ZeroDimScalarOps(torch.nn.Module):
+    """Scalar ops on a 0-dim tensor computed from an input (not foldable)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = x.sum()
+        flag = torch.where(total == 1, total, total + 2.0)  # eq.Scalar on a 0-dim tensor
+        return torch.stack([flag, total]) * x.mean()
+
+
+def test_scalar_ops_on_zero_dim_tensors_become_tensor_ops() -> None:
+    exported, normalized, steps = _normalized(ZeroDimScalarOps(), torch.rand(2, 3))
+    assert "aten::eq.Scalar" in _ops(exported)
+    assert "aten::eq.Scalar" not in _ops(normalized) and "aten::eq.Tensor" in _ops(normalized)
+    assert "tensor_scalars" in steps
+
+
+class HandWritten(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        return F.grid_sample(self.conv(image) * 0.5, grid, align_corners=False)
+
+
+def test_hand_written_graph_is_returned_as_it_is() -> None:
+    inputs = (torch.rand(1, 3, 6, 8), torch.rand(1, 4, 5, 2) * 2 - 1)
+    exported = torch.export.export(HandWritten().eval(), inputs, strict=True)
+    normalized, report = normalize_program(exported, inputs)
+    assert normalized is exported and not report.changed
+    assert report.summary() == "nothing to normalize"
+
+
+class RandomNoise(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand(4)
+
+
+def test_random_ops_are_never_folded() -> None:
+    inputs = (torch.rand(2, 4),)
+    exported = torch.export.export(RandomNoise(), inputs, strict=True)
+    normalized, _ = normalize_program(exported, inputs)
+    assert "aten::rand" in _ops(normalized)
+
+
+class HugeConstant(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.ones(MAX_FOLDED_ELEMENTS + 1).sum()
+
+
+def test_results_past_the_size_limit_stay_computed() -> None:
+    inputs = (torch.rand(2, 4),)
+    exported = torch.export.export(HugeConstant(), inputs, strict=True)
+    normalized, report = normalize_program(exported, inputs)
+    # the sum (one value) folds; the ones it reads are never kept as a constant
+    assert "aten::ones" not in _ops(normalized)
+    assert all(b.numel() <= MAX_FOLDED_ELEMENTS for b in normalized.constants.values())
+    assert report.steps["fold_constants"] == 1
+
+
+def test_bad_arguments_are_refused_by_name() -> None:
+    with pytest.raises(TypeError, match="ExportedProgram"):
+        normalize_program(torch.nn.Identity(), (torch.rand(1),))  # type: ignore[arg-type]
+    exported = torch.export.export(torch.nn.ReLU(), (torch.rand(2),), strict=True)
+    with pytest.raises(TypeError, match="tuple of tensors"):
+        normalize_program(exported, [torch.rand(2)])  # type: ignore[arg-type]
+
+
+# -- upstream bugs the steps work around: each must still reproduce without them ---------------
+
+
+class ZeroDimConstantMul(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.relu(x) * torch.scalar_tensor(0.25)  # kornia's factors
+
+
+def _causes(error: BaseException) -> str:
+    """Every message in ``error``'s chain of causes."""
+    messages = []
+    current: BaseException | None = error
+    while current is not None:
+        messages.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or current.__context__
+    return "\n".join(messages)
+
+
+def _xnnpack_lower(program: torch.export.ExportedProgram, inputs: tuple[torch.Tensor, ...]) -> None:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from executorch.exir import to_edge_transform_and_lower
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
+    prepared = prepare_pt2e(program.module(check_guards=False), quantizer)  # type: ignore[arg-type]
+    prepared(*inputs)
+    converted = torch.export.export(convert_pt2e(prepared), inputs, strict=True)
+    to_edge_transform_and_lower(converted, partitioner=[XnnpackPartitioner()])
+
+
+@pytest.mark.slow
+def test_upstream_xnnpack_fails_on_a_quantized_zero_dim_constant() -> None:
+    """ExecuTorch 1.5.1's ``ChannelsLastTaggedReshapePass`` indexes the first dimension of every
+    quantized placeholder (``meta["val"][0]``): a 0-dim constant, quantized by the XNNPACK
+    quantizer as a ``mul`` operand, fails the whole lowering. ``ranked_scalar_constants``
+    gives it shape [1, ...]: then it lowers."""
+    inputs = (torch.rand(1, 3, 4, 4),)
+    exported = torch.export.export(ZeroDimConstantMul().eval(), inputs, strict=True)
+    with pytest.raises(Exception, match="ChannelsLastTaggedReshapePass") as caught:
+        _xnnpack_lower(exported, inputs)
+    assert "IndexError: invalid index of a 0-dim tensor" in _causes(caught.value)
+    normalized, report = normalize_program(exported, inputs)
+    assert report.steps["ranked_scalar_constants"] == 1
+    _xnnpack_lower(normalized, inputs)
+
+
+@pytest.mark.slow
+def test_upstream_arm_quantizer_widens_scalars_of_zero_dim_tensors() -> None:
+    """ExecuTorch 1.5.1's Arm ``ReplaceScalarWithTensorByProfilePass`` (run by
+    ``VgfQuantizer.transform_for_annotation``) replaces the scalar of ``eq.Scalar(t, 1)`` by a
+    tensor of shape [1]: on a 0-dim ``t`` the result becomes [1], and a ``stack`` of it with a
+    0-dim tensor fails ("stack expects each tensor to be equal size"). ``tensor_scalars`` gives
+    such ops a 0-dim tensor operand instead: then the pass runs."""
+    from executorch.backends.arm.quantizer import (
+        VgfQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from executorch.backends.arm.vgf import VgfCompileSpec
+
+    def transform(program: torch.export.ExportedProgram) -> None:
+        quantizer = VgfQuantizer(VgfCompileSpec("TOSA-1.0+INT+FP+int16"))
+        quantizer.set_global(get_symmetric_quantization_config())
+        quantizer.transform_for_annotation(program.module(check_guards=False))
+
+    inputs = (torch.rand(2, 3),)
+    exported = torch.export.export(ZeroDimScalarOps(), inputs, strict=True)
+    with pytest.raises(Exception, match="ReplaceScalarWithTensorByProfilePass") as caught:
+        transform(exported)
+    assert "stack expects each tensor to be equal size" in _causes(caught.value)
+    normalized, _ = normalize_program(exported, inputs)
+    transform(normalized)
+
+
+class InPlaceActivation(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 1)
+        self.norm = torch.nn.BatchNorm2d(4)
+
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        return F.grid_sample(F.relu(self.norm(self.conv(image)), inplace=True), grid)
+
+
+def test_an_in_place_activation_alone_is_not_functionalized() -> None:
+    """A hand-written ``relu(inplace=True)`` writes a value nothing else sees: the graph stays
+    as the quantizers know it (functionalizing would also turn ``batch_norm`` into
+    ``_native_batch_norm_legit_no_training``)."""
+    inputs = (torch.rand(1, 3, 6, 8), torch.rand(1, 4, 5, 2) * 2 - 1)
+    exported = torch.export.export(InPlaceActivation().eval(), inputs, strict=True)
+    assert "aten::relu_" in _ops(exported)
+    normalized, report = normalize_program(exported, inputs)
+    assert normalized is exported and not report.changed
