@@ -16,6 +16,7 @@ Importing this package does not import the Arm backend; ``sampler_lowering`` doe
 from etkit_gridsampler.vgf_shader.lowering import (
     IN_VGF,
     OWN_DELEGATE,
+    READS_VGF_INPUT,
     SamplerPath,
     VgfSamplerPartitioner,
     sampler_lowering,
@@ -42,6 +43,7 @@ __all__ = [
     "OPERATOR_NAME",
     "OWN_DELEGATE",
     "PARAMS_MODES",
+    "READS_VGF_INPUT",
     "PayloadError",
     "SamplerPath",
     "SamplerSegment",

@@ -82,6 +82,64 @@ def vgf_reason(node: Node) -> str | None:
     return None
 
 
+READS_VGF_INPUT: Final = (
+    "reads a VGF input directly: model-converter 0.11 gives the compute segment an undeclared "
+    "binding"
+)
+
+
+def _reads_vgf_input(node: Node, user_inputs: set[str], tag: object = None) -> bool:
+    """Whether the grid sampler ``node`` reads a VGF input in a way model-converter 0.11 cannot
+    wire into a compute segment. A VGF input here is an operand (image or grid, looking through
+    quantize/dequantize nodes) produced outside the sampler's partition ``tag``: a program input,
+    or (once tagged) a node of no or another partition; constants live inside the VGF. Refused:
+    both operands are VGF inputs (model-converter exits 255 when a graph segment follows), or a
+    VGF input the sampler reads is also read by another op of the partition (the compute
+    segment gets an input resource the VGF never declares: scenario_runner stops with "No
+    resource found for VGF binding"). A single VGF input read by the sampler alone is fine.
+    ``tag`` ``None`` (before partitioning): only program inputs count, every reader counts."""
+
+    def outside(source: Node) -> bool:
+        if source.op == "placeholder":
+            return source.name in user_inputs
+        return tag is not None and source.meta.get(_TAG) != tag
+
+    sources = [s for s in _operand_sources(node) if outside(s)]
+    if len(sources) == 2:
+        return True
+    for source in sources:
+        readers = {r for r in _readers(source) if tag is None or r.meta.get(_TAG) == tag}
+        if readers - {node}:
+            return True
+    return False
+
+
+def _readers(source: Node) -> set[Node]:
+    """The nodes reading ``source``'s value, through quantize and dequantize nodes."""
+    readers: set[Node] = set()
+    stack = list(source.users)
+    while stack:
+        user = stack.pop()
+        if is_quantize(user) or is_dequantize(user):
+            stack.extend(user.users)
+        else:
+            readers.add(user)
+    return readers
+
+
+def _operand_sources(node: Node) -> list[Node]:
+    """The nodes producing the grid sampler ``node``'s image and grid, through quantize and
+    dequantize nodes."""
+    sources = []
+    for operand in node.args[:2]:
+        source = operand
+        while isinstance(source, Node) and (is_quantize(source) or is_dequantize(source)):
+            source = source.args[0]
+        if isinstance(source, Node):
+            sources.append(source)
+    return sources
+
+
 class VgfSamplerPartitioner(Partitioner):  # type: ignore[misc]  # executorch is untyped
     """Wraps ``VgfPartitioner``: the VGF keeps each grid sampler that can be a compute segment
     (``vgf_reason`` is ``None``) and gives up the others with their adjacent dequantize and
@@ -100,9 +158,12 @@ class VgfSamplerPartitioner(Partitioner):  # type: ignore[misc]  # executorch is
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[Node], bool] | None]:
         ops, inner_filter = self.inner.ops_to_not_decompose(ep)
+        user_inputs = set(ep.graph_signature.user_inputs)
 
         def keep(node: Node) -> bool:
-            if is_grid_sampler(node) and vgf_reason(node) is not None:
+            if is_grid_sampler(node) and (
+                vgf_reason(node) is not None or _reads_vgf_input(node, user_inputs)
+            ):
                 return False  # another backend takes it: EXIR must not expect it delegated
             return inner_filter(node) if inner_filter is not None else True
 
@@ -115,6 +176,7 @@ class VgfSamplerPartitioner(Partitioner):  # type: ignore[misc]  # executorch is
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         result = self.inner.partition(exported_program)
         program = result.tagged_exported_program
+        user_inputs = set(program.graph_signature.user_inputs)
         self.paths = []
         for node in program.graph_module.graph.nodes:
             if not is_grid_sampler(node):
@@ -122,6 +184,8 @@ class VgfSamplerPartitioner(Partitioner):  # type: ignore[misc]  # executorch is
             reason = vgf_reason(node)
             if reason is None and _TAG not in node.meta:
                 reason = "the VGF partitioner did not claim it"
+            if reason is None and _reads_vgf_input(node, user_inputs, node.meta[_TAG]):
+                reason = READS_VGF_INPUT
             if reason is None:
                 self.paths.append(SamplerPath(node.name, IN_VGF))
                 continue

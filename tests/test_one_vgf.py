@@ -1,0 +1,176 @@
+"""One VGF per model: for target vgf each grid sampler the integer contract covers becomes a
+COMPUTE segment inside the VGF carrying etkit's own shader, so the program is one VgfBackend
+delegate that the stock ExecuTorch VGF runtime runs whole. Real toolchain throughout:
+VgfPartitioner and model-converter lower, scenario_runner runs the VGF on lavapipe with the ML
+emulation layers; the sampler's output is compared with etkit's CPU kernel bit for bit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from etkit_exporter import ExportResult, export_model
+from etkit_exporter.demos import flow_warp, resample
+from etkit_exporter.io_params import program_input
+from etkit_exporter.runner import PteProgram
+from etkit_exporter.scenario import run_scenario
+from etkit_exporter.scenario_export import SCENARIO_DIR, SCENARIO_JSON
+from etkit_exporter.tools import find_tool
+from etkit_gridsampler import GridSampleOp, QParams, cpu
+from etkit_gridsampler.vgf_shader import IN_VGF, OWN_DELEGATE, READS_VGF_INPUT
+
+_DTYPES = {"int8": torch.int8, "int16": torch.int16}
+
+
+class _Mixed(torch.nn.Module):
+    """An RGBA sampler (fits a compute segment) and a one-channel 5x5 -> 3x3 sampler (25 and 9
+    bytes: not whole 32-bit words, so it stays in etkit's own delegate)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = torch.nn.Conv2d(4, 4, 1)
+
+    def forward(
+        self, image: torch.Tensor, mask: torch.Tensor, grid: torch.Tensor, small: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        warped = F.grid_sample(self.mix(image), grid, padding_mode="border", align_corners=False)
+        return warped, F.grid_sample(mask, small, align_corners=True)
+
+
+def _mixed() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(3)
+    grid = torch.rand(1, 8, 12, 2) * 1.8 - 0.9
+    small = torch.rand(1, 3, 3, 2) * 1.8 - 0.9
+    image = torch.rand(1, 4, 16, 16) * 2 - 1
+    return _Mixed().eval(), (image, torch.rand(1, 1, 5, 5) * 2 - 1, grid, small)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExportResult]:
+    """The flow-warp demo as one VGF (verified, with its scenario); resample (two samplers on
+    the program's inputs: bilinear/reflection into a conv, nearest/zeros/align_corners straight
+    to an output), default and with sampler_delegate; the mixed model (verified); each
+    exported once for the module."""
+    root = tmp_path_factory.mktemp("one-vgf")
+    model, inputs = flow_warp()
+    result = {
+        "flow": export_model(
+            model, inputs, artifacts_root=root / "flow", verify=True, scenario=True
+        )
+    }
+    model, inputs = resample()
+    result["one"] = export_model(model, inputs, artifacts_root=root / "one")
+    result["split"] = export_model(
+        model, inputs, artifacts_root=root / "split", sampler_delegate=True
+    )
+    mixed, mixed_inputs = _mixed()
+    result["mixed"] = export_model(mixed, mixed_inputs, artifacts_root=root / "mixed", verify=True)
+    return result
+
+
+def _run(result: ExportResult, inputs: tuple[torch.Tensor, ...]) -> tuple[Any, list[torch.Tensor]]:
+    args = [
+        program_input(x, e) for x, e in zip(inputs, result.io_quant_params["inputs"], strict=True)
+    ]
+    assert result.pte_path is not None
+    run = PteProgram.load(result.pte_path).run(args)
+    return args, [o.contiguous() for o in run.outputs]
+
+
+def _backends(result: ExportResult) -> list[str]:
+    assert result.pte_path is not None
+    return [d.backend_id for d in PteProgram.load(result.pte_path).delegates]
+
+
+def _qparams(entry: dict[str, Any]) -> QParams:
+    return QParams(
+        entry["scale"], entry["zero_point"], entry["quant_min"], entry["quant_max"],
+        _DTYPES[entry["dtype"]],
+    )  # fmt: skip
+
+
+def test_one_vgf_delegate_with_a_compute_segment_per_sampler(
+    exports: dict[str, ExportResult], tmp_path: Path
+) -> None:
+    flow = exports["flow"]
+    assert _backends(flow) == ["VgfBackend"]
+    (path,) = flow.report["grid_sampler_paths"]
+    assert path["path"] == IN_VGF
+    assert flow.pte_path is not None and flow.verification is not None
+    (vgf,) = (flow.pte_path.parent / "intermediates").glob("*.vgf")
+    dumped = tmp_path / "vgf.json"
+    subprocess.run([find_tool("vgf_dump"), "-i", str(vgf), "-o", str(dumped)], check=True)
+    kinds = [m["type"] for m in json.loads(dumped.read_text())["modules"]]
+    assert kinds == ["GRAPH", "COMPUTE", "GRAPH"]
+    # resample's samplers each read two VGF inputs (image and grid), which model-converter 0.11
+    # cannot wire into a compute segment: both stay in etkit's delegate, the conv in the VGF
+    one = exports["one"]
+    assert sorted(_backends(one)) == ["GridSamplerBackend", "GridSamplerBackend", "VgfBackend"]
+    paths = one.report["grid_sampler_paths"]
+    assert [(p["path"], p["reason"]) for p in paths] == [(OWN_DELEGATE, READS_VGF_INPUT)] * 2
+
+
+def test_sampler_inside_the_vgf_gives_the_cpu_kernels_bits(
+    exports: dict[str, ExportResult],
+) -> None:
+    """resample's second output is the nearest/zeros/align_corners sampler on the program's own
+    inputs (in etkit's delegate: it reads two VGF inputs): exactly what etkit's CPU kernel
+    returns."""
+    one = exports["one"]
+    _, inputs = resample()
+    (image, grid), outputs = _run(one, inputs)
+    io = one.io_quant_params
+    op = GridSampleOp(
+        "nearest", "zeros", True, _qparams(io["inputs"][0]), _qparams(io["inputs"][1]),
+        _qparams(io["outputs"][1]),
+    )  # fmt: skip
+    expected = cpu.grid_sample(image, grid, op)
+    assert torch.equal(outputs[1], expected.contiguous())
+
+
+def test_one_vgf_program_equals_the_split_program_bit_for_bit(
+    exports: dict[str, ExportResult],
+) -> None:
+    _, inputs = resample()
+    _, one = _run(exports["one"], inputs)
+    _, split = _run(exports["split"], inputs)
+    for a, b in zip(one, split, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_sampler_delegate_keeps_the_split_path(exports: dict[str, ExportResult]) -> None:
+    split = exports["split"]
+    backends = _backends(split)
+    assert backends.count("GridSamplerBackend") == 2 and "VgfBackend" in backends
+    assert all(p["path"] == OWN_DELEGATE for p in split.report["grid_sampler_paths"])
+
+
+def test_scenario_of_a_one_vgf_export_is_one_dispatch(exports: dict[str, ExportResult]) -> None:
+    flow = exports["flow"]
+    assert flow.pte_path is not None
+    folder = flow.pte_path.parent / SCENARIO_DIR
+    commands = json.loads((folder / SCENARIO_JSON).read_text())["commands"]
+    dispatches = [next(iter(c)) for c in commands if "pipeline_barrier" not in c]
+    assert dispatches == ["dispatch_vgf"]  # and no dispatch_compute: the sampler is inside
+    _, inputs = flow_warp()
+    args, expected = _run(flow, inputs)
+    got = run_scenario(folder, args)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(torch.from_numpy(a.copy()).contiguous(), b)
+
+
+def test_sampler_whose_buffers_are_not_whole_words_stays_in_etkits_delegate(
+    exports: dict[str, ExportResult],
+) -> None:
+    mixed = exports["mixed"]
+    paths = {p["path"]: p for p in mixed.report["grid_sampler_paths"]}
+    assert set(paths) == {IN_VGF, OWN_DELEGATE}
+    assert "not a multiple of 4" in str(paths[OWN_DELEGATE]["reason"])
+    assert sorted(_backends(mixed)) == ["GridSamplerBackend", "VgfBackend"]
+    assert mixed.verification is not None
