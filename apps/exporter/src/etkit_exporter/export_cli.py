@@ -19,6 +19,8 @@ from typing import Any, NoReturn
 
 import torch
 
+from etkit_exporter.cli import ArgumentParser
+from etkit_exporter.cli import version_line as _version_line
 from etkit_exporter.diagnostics import root_cause
 from etkit_exporter.export_config import CONFIG_NAME, OPTIONS, render_config
 
@@ -53,7 +55,7 @@ class ModelError(Exception):
     """The user's model could not be built (its factory raised)."""
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
@@ -105,10 +107,20 @@ def _parser() -> argparse.ArgumentParser:
         help="the value range images in --calibration map to, e.g. -1,1 or 0,1",
     )  # fmt: skip
     parser.add_argument("--no-quant", action="store_true", help="export in float")
-    parser.add_argument("-t", "--target", choices=TARGETS, default="vgf")
+    parser.add_argument(
+        "-t", "--target", choices=TARGETS, default="vgf",
+        help="vgf: Arm's ML extensions for Vulkan (a GPU), with etkit's grid sampler inside "
+        "the VGF; xnnpack: CPUs, the grid sampler on etkit's CPU kernel (default: %(default)s)",
+    )  # fmt: skip
     parser.add_argument(
         "--tosa-spec", metavar="SPEC",
         help=f"the TOSA specification VGF lowers to (default {VGF_TOSA_SPEC}; vgf only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grid-math", choices=("float", "int"),
+        help="float (default): only the coordinate arithmetic between the last conv/linear/"
+        "pooling/resize and each grid sampler's grid input runs in float, quantized once at the "
+        "sampler; every layer before it in int8. int: quantize the coordinate arithmetic too",
     )  # fmt: skip
     parser.add_argument(
         "-o", "--out", "--output", type=Path,
@@ -134,6 +146,14 @@ def _parser() -> argparse.ArgumentParser:
         "(xnnpack: executorch.runtime; vgf: etkit's runner, VGF on Vulkan)",
     )  # fmt: skip
     parser.add_argument(
+        "--verify-tolerance", metavar="KEY=N,...",
+        help="the verdict's tolerance against the quantized PT2E model (implies --verify): "
+        "psnr (dB floor), steps and fraction (at most that share of values more than that many "
+        "steps off), bias (mean error, steps), float-error (float outputs: share of the range), "
+        "float-psnr (float exports); default psnr=36,steps=2,fraction=0.1,bias=0.5,"
+        "float-error=0.02,float-psnr=60",
+    )  # fmt: skip
+    parser.add_argument(
         "--bundle", "--bundleio", action="store_true",
         help="also write model.bpte: the program with the example inputs in its IO types and "
         "its own verified outputs (implies --verify)",
@@ -142,6 +162,11 @@ def _parser() -> argparse.ArgumentParser:
         "--scenario", action="store_true",
         help="also write scenario/: the whole program as one Vulkan scenario "
         "(scenario_runner --scenario scenario/scenario.json; target vgf)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sampler-delegate", action="store_true",
+        help="vgf: keep the grid samplers in etkit's own delegate between VGF delegates (the "
+        "device then needs etkit's C++ backend) instead of inside the VGF as compute segments",
     )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="debug logs of etkit and Arm")
     return parser
@@ -201,10 +226,15 @@ def load_model(
             f"--model '{spec}' must be package.module:factory, file.py[:factory] or file.pt2"
         )
     module_name, factory_name = spec.split(":", 1)
+    searched = _search_first(Path.cwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise UsageError(f"cannot import --model module '{module_name}': {error}") from error
+        raise UsageError(
+            f"cannot import --model module '{module_name}': {error} (looked in {searched} and "
+            "the installed packages); run from the folder that holds it or add that folder "
+            "to PYTHONPATH"
+        ) from error
     except Exception as error:
         raise UsageError(
             f"importing --model module '{module_name}' raised {root_cause(error)}; fix the module"
@@ -226,11 +256,26 @@ class _Given:
         return self.inputs if self.inputs is not None else _random_inputs(self.shapes)
 
 
+def _search_first(*folders: Path) -> str:
+    """Puts ``folders`` first on ``sys.path``, as Python does for a program it runs (``python -m``
+    the working folder, ``python FILE.py`` the file's folder; ExecuTorch's Arm compiler runs
+    with ``-m``), so that a model imports the modules beside it. Returns where it looked, for
+    an error message."""
+    for folder in reversed(folders):
+        entry = str(folder.resolve())
+        if entry in sys.path:
+            sys.path.remove(entry)
+        sys.path.insert(0, entry)
+    places = [f"the working folder {Path.cwd()}" if f == Path.cwd() else str(f) for f in folders]
+    return ", ".join(dict.fromkeys(places))
+
+
 def _import_file(path: Path) -> Any:
     import importlib.util
 
     if not path.is_file():
         raise UsageError(f"--model file {path} does not exist")
+    searched = _search_first(path.resolve().parent, Path.cwd())
     name = f"_etkit_user_model_{abs(hash(str(path.resolve())))}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     if module_spec is None or module_spec.loader is None:
@@ -241,6 +286,12 @@ def _import_file(path: Path) -> Any:
         module_spec.loader.exec_module(module)
     except Exception as error:
         del sys.modules[name]
+        if isinstance(error, ModuleNotFoundError):
+            raise UsageError(
+                f"running --model file {path} raised {root_cause(error)} (looked in {searched} "
+                f"and the installed packages); put that module beside {path.name} or add its "
+                "folder to PYTHONPATH"
+            ) from error
         raise UsageError(
             f"running --model file {path} raised {root_cause(error)}; fix the file"
         ) from error
@@ -393,6 +444,18 @@ def _summary(result: Any, seconds: float) -> str:
     lines = ["", "partitions:"]
     for p in report["partitions"]:
         lines.append(f"  {p['name']:<20} {p['backend']:<20} {p['nodes']:>4} nodes")
+    outside = [
+        entry for entry in report.get("outside_delegates", []) if "grid_sampler" in entry["op"]
+    ]
+    if outside:
+        lines.append("grid samplers outside the delegates (ExecuTorch's portable float kernel):")
+        lines += [f"  {entry['node']}: {entry['reason']}" for entry in outside]
+    paths = report.get("grid_sampler_paths", [])
+    if paths:
+        lines.append("grid samplers:")
+        for path in paths:
+            why = f" ({path['reason']})" if path.get("reason") else ""
+            lines.append(f"  {path['node']}: {path['path']}{why}")
     lines.append("io quantization:")
     for kind in ("inputs", "outputs"):
         for e in report["io"][kind]:
@@ -403,21 +466,32 @@ def _summary(result: Any, seconds: float) -> str:
             )
             texture = f" ({e['texture']['format']})" if e.get("texture") else ""
             lines.append(f"  {kind[:-1]:<6} {e['index']} {e['name']:<12} {q}{texture}")
+    float_section = report.get("float_ops")
+    if float_section:  # every op the program runs in float, in one line; heavy ones warned
+        lines.append(float_section["summary"])
+        lines += [f"warning: {warning}" for warning in float_section["warnings"]]
     if result.saturation:
         lines.append("saturation (calibration values outside each fixed range):")
         for record in result.saturation:
             instead = record.instead()
-            verdict = (
+            clips = (
                 "ok"
                 if record.passes()
                 else "CLIPS" + (f": use {describe_qspec(instead)}" if instead else "")
             )
             lines.append(
-                f"  {record.name}: {record.qspec}, {100 * record.fraction:.3g} % outside: {verdict}"
+                f"  {record.name}: {record.qspec}, {100 * record.fraction:.3g} % outside: {clips}"
             )
     if result.verification:
         runner = result.verification.get("runner", "executorch.runtime")
-        lines.append(f"verification ({runner}):")
+        verdict = result.verification.get("verdict") or {}
+        tolerance = verdict.get("tolerance") or {}
+        lines.append(
+            f"verification ({runner}): {verdict.get('result', 'no verdict')} (tolerance: PSNR >= "
+            f"{tolerance.get('min_psnr_db', 0):g} dB, at most "
+            f"{100 * tolerance.get('max_fraction', 0):g} % of values more than "
+            f"{tolerance.get('steps', 0):g} steps off)"
+        )
         for c in result.verification["comparisons"]:
             steps = f", {c['max_steps']} steps max" if "max_steps" in c else ""
             lines.append(
@@ -431,7 +505,7 @@ def _summary(result: Any, seconds: float) -> str:
              "export.toml")  # fmt: skip
     for name in (*names, "intermediates"):
         path = result.artifacts_root / name
-        if path.exists():
+        if path.is_file() or (path.is_dir() and any(path.iterdir())):
             lines.append(f"  {path}")
     lines.append(f"exported in {seconds:.1f} s")
     return "\n".join(lines)
@@ -466,6 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if text is not None
         }
         calibration = _calibration_from(args, model, inputs)
+        tolerance = _tolerance_from(args)
         out = args.out if args.out is not None else Path("artifacts") / f"{name}-{args.target}"
         destination = check_destination(out, args.force)
     except (UsageError, ValueError, FileExistsError) as error:
@@ -475,8 +550,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"etkit-export: export failed: {error}", file=sys.stderr)
         return 1
     from etkit_exporter.pipeline import ExportError, export_model
+    from etkit_exporter.verdict import VerificationError
 
     start = time.perf_counter()
+    stderr = sys.stderr
+    if not args.verbose:
+        sys.stderr = _WithoutPartialGraphs(stderr)
     print(f"exporting {name} for {args.target} into {out}", flush=True)
     for note in destination.notes:
         print(f"note: {note}", flush=True)
@@ -493,17 +572,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             **samplers,
             target=args.target,
             tosa_spec=args.tosa_spec,
+            grid_math=args.grid_math or "float",
             intermediate_artifacts_root=args.intermediates,
-            verify=args.verify,
+            verify=args.verify or tolerance is not None,
+            verify_tolerance=tolerance,
             bundle=args.bundle,
             scenario=args.scenario,
+            sampler_delegate=args.sampler_delegate,
             force=args.force,
             on_stage=_Progress(sys.stdout),
             extra_artifacts={CONFIG_NAME: render_config(_config_of(args, name, out)).encode()},
         )
     except (TypeError, ValueError, FileExistsError) as error:
-        print(f"etkit-export: usage error: {error}", file=sys.stderr)
+        print(f"etkit-export: usage error: {_cli_words(error)}".splitlines()[0], file=sys.stderr)
         return 2
+    except VerificationError as error:  # one line per fact: what failed, by how much, where
+        for line in str(error).splitlines():
+            print(f"etkit-export: {line}", file=sys.stderr)
+        return 1
     except ExportError as error:
         if args.verbose:
             traceback.print_exception(error, file=sys.stderr)
@@ -517,8 +603,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated"
         print(f"etkit-export: {what}; nothing was written and {out} is as it was", file=sys.stderr)
         return 130 if isinstance(stop, KeyboardInterrupt) else 128 + signal.SIGTERM
+    finally:
+        sys.stderr = stderr
     print(_summary(result, time.perf_counter() - start))
     return 0
+
+
+def _tolerance_from(args: argparse.Namespace) -> Any:
+    """``--verify-tolerance`` as a ``VerifyTolerance`` (``None`` when not given)."""
+    if args.verify_tolerance is None:
+        return None
+    from etkit_exporter.verdict import parse_tolerance
+
+    try:
+        return parse_tolerance(args.verify_tolerance)
+    except ValueError as error:
+        raise UsageError(f"--verify-tolerance: {error}") from error
+
+
+class _WithoutPartialGraphs:
+    """A stream (stderr) that drops the partial graph ``torch.export`` prints before it raises
+    on data-dependent control flow (``class GraphModule(torch.nn.Module): ...``, dozens of lines
+    before the export's one-line error; ``--verbose`` keeps it)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._dropped = False
+
+    def write(self, text: str) -> int:
+        dropped, self._dropped = self._dropped, text.startswith("class GraphModule(")
+        if self._dropped or (dropped and text == "\n"):  # print writes its end on its own
+            return len(text)
+        return int(self._stream.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _cli_words(error: BaseException) -> str:
+    """``error``'s message in the command's words where the API's differ."""
+    from etkit_exporter.pipeline import QspecCountError
+
+    if isinstance(error, QspecCountError):
+        option = f"--quant-{error.boundary}"
+        return (
+            f"{option} is given {error.given} time{'' if error.given == 1 else 's'} but the "
+            f"model has {error.count} "
+            f"{error.boundary}{'' if error.count == 1 else 's'}: give one {option} per "
+            f"{error.boundary}, in order ('float' leaves one in float)"
+        )
+    return str(error)
 
 
 def _calibration_from(
@@ -610,9 +744,12 @@ def _config_of(args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]
     --verbose, --config)."""
     options = {key: value for key, value in vars(args).items() if key in OPTIONS}
     options["demo"] = name if args.demo else None
-    options["out"] = str(out)
-    if args.intermediates is not None:
+    # Paths as given, relative to where it ran; an absolute one (this machine's) is left out
+    options["out"] = None if out.is_absolute() else str(out)
+    if args.intermediates is not None and not args.intermediates.is_absolute():
         options["intermediates"] = str(args.intermediates)
+    else:
+        options["intermediates"] = None
     return options
 
 
@@ -648,18 +785,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def version_line() -> str:
     """``etkit-export``'s version and those of the toolchain it runs on."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    parts = []
-    for name in ("etkit-exporter", "etkit-gridsampler", "etkit-quant", "etkit-partition",
-                 "etkit-layout", "executorch", "torch", "torchao"):  # fmt: skip
-        try:
-            parts.append(f"{name} {version(name)}")
-        except PackageNotFoundError:
-            parts.append(f"{name} not installed")
-    from etkit_exporter import __version__
-
-    return f"etkit-export {__version__} ({'; '.join(parts)})"
+    return _version_line("etkit-export")
 
 
 if __name__ == "__main__":

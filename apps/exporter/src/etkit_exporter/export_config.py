@@ -31,11 +31,14 @@ OPTIONS: Final[dict[str, str]] = {
     "no_quant": "bool",
     "target": "str",
     "tosa_spec": "str",
+    "grid_math": "str",
     "out": "str",
     "intermediates": "str",
     "verify": "bool",
+    "verify_tolerance": "str",
     "bundle": "bool",
     "scenario": "bool",
+    "sampler_delegate": "bool",
 }
 
 CONFIG_NAME: Final = "export.toml"

@@ -4,6 +4,7 @@ integer-IO ExecuTorch program with its artifacts and report."""
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging
 import re
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import torch
 from torch.export import ExportedProgram
@@ -40,6 +41,9 @@ from etkit_quant import (
 )
 from etkit_quant.graph import is_grid_sampler
 
+if TYPE_CHECKING:
+    from etkit_exporter.verdict import VerifyTolerance
+
 logger = logging.getLogger(__name__)
 
 TARGETS: Final = ("vgf", "xnnpack")
@@ -49,6 +53,19 @@ StageCallback = Callable[[str, float], None]
 
 class ExportError(RuntimeError):
     """The export failed in one of its stages; the message names the stage."""
+
+
+class QspecCountError(ValueError):
+    """Not one qspec per input (``boundary`` "input") or per output ("output"): ``given`` of
+    them for ``count``."""
+
+    def __init__(self, boundary: str, given: int, count: int) -> None:
+        self.boundary, self.given, self.count = boundary, given, count
+        super().__init__(
+            f"{boundary}_qspecs has {given} entries but the model has {count} "
+            f"{'user inputs' if boundary == 'input' else 'outputs'}; give one qspec (or None) "
+            f"per {boundary}"
+        )
 
 
 @dataclass
@@ -87,6 +104,7 @@ class _QuantOptions:
     sampler_output: SamplerQSpec
     samples: tuple[tuple[torch.Tensor, ...], ...]
     on_sample: Callable[[int, int], None] | None
+    grid_math: str = "float"
 
 
 def _check_arguments(
@@ -144,7 +162,7 @@ def _check_extra_artifacts(extra: object) -> dict[str, bytes]:
         raise TypeError(f"extra_artifacts must map file names to bytes, got {type(extra).__name__}")
     reserved = {
         "model.pte", "model.bpte", "model.bpte.json", "io_quant_params.json", "report.json",
-        "report.md", "intermediates", "etrecord.bin", "etrecord.json", "scenario",
+        "report.md", "intermediates", "etrecord.bin", "etrecord.json", "scenario", "timings.json",
     }  # fmt: skip
     checked = {}
     for name, data in extra.items():
@@ -224,6 +242,24 @@ class _Stages:
             self.callback(name, seconds)
 
 
+def _keeps_train_mode(export: Callable[..., ExportResult]) -> Callable[..., ExportResult]:
+    """``export``, leaving the caller's model in the train/eval mode of each of its modules as
+    it was (an export runs it in eval mode)."""
+
+    @functools.wraps(export)
+    def wrapper(model: Any, *args: Any, **kwargs: Any) -> ExportResult:
+        modules = list(model.modules()) if isinstance(model, torch.nn.Module) else []
+        modes = [m.training for m in modules]
+        try:
+            return export(model, *args, **kwargs)
+        finally:
+            for module, training in zip(modules, modes, strict=True):
+                module.training = training
+
+    return wrapper
+
+
+@_keeps_train_mode
 def export_model(
     model: torch.nn.Module,
     example_inputs: tuple[torch.Tensor, ...],
@@ -241,8 +277,11 @@ def export_model(
     target: str = "vgf",
     tosa_spec: str | None = None,
     verify: bool = False,
+    verify_tolerance: VerifyTolerance | str | None = None,
     bundle: bool = False,
     scenario: bool = False,
+    sampler_delegate: bool = False,
+    grid_math: str = "float",
     force: bool = False,
     on_stage: StageCallback | None = None,
     on_calibration_sample: Callable[[int, int], None] | None = None,
@@ -264,17 +303,32 @@ def export_model(
     input gets a saturation record (``result.saturation``, report.json/.md, a logged warning past
     0.1 %). ``tosa_spec`` (target "vgf"): the TOSA specification VGF lowers to (default
     ``VGF_TOSA_SPEC``; a quantized export needs INT, int16 grids the int16 extension).
+    ``grid_math``: "float" (default) computes the coordinate arithmetic (the elementwise and
+    shape ops between the last compute-heavy op and a grid sampler's grid input: base grid plus
+    flow, scaling to [-1, 1], ``affine_grid``) in float, quantized once, at the sampler, and
+    every layer before it in integers; "int" quantizes the coordinate arithmetic too. Every op
+    the lowered program runs in float is listed in the report (``float_ops``), and a conv,
+    linear or matmul in float is warned about.
     ``extra_artifacts``: more files (name -> bytes) written into the artifacts folder and
     listed in its manifest, such as the CLI's ``export.toml``. ``verify`` (target "xnnpack")
     runs the program in ``executorch.runtime`` and compares it with the float and the quantized
     model (target "vgf": in ``etkit_exporter.runner``, its VGF delegates run by
-    ``scenario_runner`` on the Vulkan device). ``bundle`` (implies ``verify``) also writes
-    ``model.bpte``: the program with the example inputs in its IO types and, as expected
-    outputs, what it returned on them in that verified run; ``model.bpte.json`` beside it says
-    so and gives the tolerance (``etkit_exporter.bundle``). ``scenario`` (target "vgf") also
-    writes ``scenario/``: the whole program as one Vulkan scenario for ``scenario_runner``
+    ``scenario_runner`` on the Vulkan device), and judges each output against the quantized
+    model with ``verify_tolerance`` (``etkit_exporter.verdict.VerifyTolerance`` or its text;
+    the README's "Verification verdict"; giving one implies ``verify``): a failure raises
+    ``VerificationError`` naming the failing outputs and the first delegate call that
+    diverges, and the export is kept in ``artifacts_root.failed-verification``, never at
+    ``artifacts_root``. Every export loads the program it wrote before it succeeds (stage
+    ``load``). ``bundle`` (implies ``verify``) also writes ``model.bpte``: the program with the
+    example inputs in its IO types and, as expected outputs, what it returned on them in that
+    verified run; ``model.bpte.json`` beside it says so and gives the tolerance
+    (``etkit_exporter.bundle``). ``scenario`` (target "vgf") also writes ``scenario/``: the
+    whole program as one Vulkan scenario for ``scenario_runner``
     (``etkit_exporter.scenario_export``; a program it cannot express gets none, the report's
-    ``scenario`` section saying why).
+    ``scenario`` section saying why). ``sampler_delegate`` (target "vgf"): keep the grid
+    samplers in etkit's own delegate between VGF delegates; by default each sampler the integer
+    contract covers is a compute segment inside the VGF (``etkit_gridsampler.vgf_shader``), the
+    report's ``grid_sampler_paths`` saying where each went.
 
     Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``;
     ``etkit_exporter.artifacts.DestinationError``, a ``ValueError``, for an ``artifacts_root``
@@ -290,6 +344,10 @@ def export_model(
     if scenario and target != "vgf":
         raise ValueError(f"scenario applies to target 'vgf' only, not {target!r}")
     extras = _check_extra_artifacts(extra_artifacts)
+    from etkit_exporter.verdict import check_tolerance, failed_destination, keep_failed
+
+    tolerance = check_tolerance(verify_tolerance)
+    verify = verify or bundle or verify_tolerance is not None  # each implies a verification
     _check_forward(model.eval(), inputs)
     quant = _QuantOptions(
         enabled=enable_pt2e_quantization,
@@ -300,10 +358,12 @@ def export_model(
         sampler_output=grid_sampler_output_qspec if quantize_grid_sample_output else None,
         samples=tuple(check_calibration(calibration, inputs)),
         on_sample=on_calibration_sample,
+        grid_math=_check_grid_math(grid_math),
     )
     if quant.enabled:
         _refuse_unsigned(quant)
     destination = check_destination(root, force)
+    failed = failed_destination(root, force) if verify else None
     for note in destination.notes:
         logger.warning("%s", note)
     stages = _Stages(on_stage)
@@ -317,14 +377,19 @@ def export_model(
                 quant,
                 target,
                 spec,
-                verify or bundle,
+                verify,
                 bundle,
                 stages,
                 scenario,
+                sampler_delegate=sampler_delegate,
+                tolerance=tolerance,
             )
             for name, data in extras.items():
                 (staging.path / name).write_bytes(data)
-            staging.commit(force, producer={"tool": "etkit-exporter", "version": __version__})
+            producer = {"tool": "etkit-exporter", "version": __version__}
+            if failed is not None and result.verification is not None:
+                keep_failed(staging, failed, force, producer, result.verification, root)
+            staging.commit(force, producer=producer)
     except (ExportError, OSError) as error:
         full = _disk_full(error)
         if full is None:
@@ -384,10 +449,13 @@ def _run(
     bundle: bool,
     stages: _Stages,
     scenario: bool = False,
+    sampler_delegate: bool = False,
+    tolerance: Any = None,
 ) -> ExportResult:
     from executorch.exir import to_edge_transform_and_lower
     from executorch.exir.passes.quantize_io_pass import extract_io_quant_params
 
+    from etkit_exporter.activation_bounds import keep_activation_bounds
     from etkit_exporter.io_params import io_table, with_pte_layouts
     from etkit_exporter.report import build_report, write_report
     from etkit_gridsampler import GridSamplerBackend, GridSamplerPartitioner
@@ -397,6 +465,7 @@ def _run(
         DetagInputQuantize,
         DetagOps,
         DetagOutputDequantize,
+        DetagQuantizedPads,
         DetagQuantizeDtypes,
         PolicyPartitioner,
     )
@@ -408,22 +477,25 @@ def _run(
         exported = torch.export.export(model, inputs, strict=True)
         num_outputs = len(exported.graph_signature.user_outputs)
         _check_grid_samplers(exported)
+    with stages.stage("normalize"):  # library-built graphs made to look hand-written
+        from etkit_quant.normalize import normalize_program
+
+        exported, _normalized = normalize_program(exported, inputs)
     base, partitioner, spec = _backend(target, intermediates, tosa_spec)
     quantizer = None
     saturations: tuple[Saturation, ...] = ()
+    coordinates: dict[str, Any] = {}
     if quant.enabled:
         for given, count, what in (
             (quant.inputs, len(inputs), "input"),
             (quant.outputs, num_outputs, "output"),
         ):
             if given is not None and len(given) != count:
-                raise ValueError(
-                    f"{what}_qspecs has {len(given)} entries but the model has {count} "
-                    f"{'user inputs' if what == 'input' else 'outputs'}; give one qspec (or "
-                    f"None) per {what}"
-                )
+                raise QspecCountError(what, len(given), count)
         with stages.stage("observe_ranges"):
-            quantizer, saturations = _boundary_quantizer(exported, base, quant, len(inputs))
+            quantizer, saturations, coordinates = _boundary_quantizer(
+                exported, base, quant, len(inputs)
+            )
         for record in saturations:
             if not record.passes():
                 logger.warning("saturation: %s", record.message())
@@ -440,35 +512,53 @@ def _run(
             # What the backend's quantizer chose inside the graph may clip too (one scale
             # shared over a concatenation with a fixed-range input): never silently.
             clipped = clipping_report(
-                converted, quant.samples or (inputs,), fixed=boundary_fixed_qspecs(quantizer)
+                converted,
+                quant.samples or (inputs,),
+                fixed=boundary_fixed_qspecs(quantizer),
+                watch=quantizer.coordinate_inputs,  # a predicted flow: reported, clipping or not
             )
         for record in clipped:
-            logger.warning("saturation: %s", record.message())
+            if record.count:  # a watched tensor is reported even when nothing clips
+                logger.warning("saturation: %s", record.message())
         saturations += clipped
     with stages.stage("re_export"):
         program = torch.export.export(converted, inputs, strict=True)
     quantized_inputs = [k for k, q in enumerate(ins) if q is not None]
     quantized_outputs = [k for k, q in enumerate(outs) if q is not None]
+    # VGF: each sampler the integer contract covers becomes a compute segment of the VGF
+    # (etkit's shader); the others, and all with sampler_delegate, go to etkit's delegate.
+    in_vgf = target == "vgf" and not sampler_delegate
+    if in_vgf:
+        from etkit_gridsampler.vgf_shader import VgfSamplerPartitioner
+
+        partitioner = VgfSamplerPartitioner(partitioner)
     policies = PolicyPartitioner(
         partitioner,
         [
             DetagInputQuantize(quantized_inputs),
             DetagOutputDequantize(quantized_outputs),
-            DetagOps([torch.ops.aten.grid_sampler_2d.default]),
+            *([] if in_vgf else [DetagOps([torch.ops.aten.grid_sampler_2d.default])]),
             # XNNPACK has no int16 activations (grids are int16)
             *([DetagQuantizeDtypes([torch.int16])] if target == "xnnpack" else []),
+            # pads ExecuTorch 1.5.1's partitioners claim but cannot compile (etkit_partition.pads)
+            *([DetagQuantizedPads()] if target == "xnnpack" else []),
         ],
     )
     # Channels-last boundaries are for a GPU engine (VGF); XNNPACK's delegates expect the
     # contiguous layout they were partitioned with (its runtime rejects some NHWC inputs).
-    layout_passes = [channels_last] if target == "vgf" else []
-    with stages.stage("lower_main"):
+    # keep_activation_bounds: the Arm backend drops a ReLU before a quantize it assumes clips
+    # at 0; etkit's fixed qspecs (SNORM8) do not.
+    layout_passes = [keep_activation_bounds, channels_last] if target == "vgf" else []
+    with stages.stage("lower_main"), _sampler_lowering(in_vgf) as segments:
         manager = to_edge_transform_and_lower(
             program,
             partitioner=[policies],
             transform_passes=layout_passes,
             generate_etrecord=True,  # the record survives to_backend and to_executorch
         )
+    sampler_paths = _sampler_paths(
+        partitioner, manager.exported_program(), segments if in_vgf else None, target
+    )
     grid_partitioner = GridSamplerPartitioner()
     with stages.stage("lower_grid_sampler"):
         manager = manager.to_backend(grid_partitioner)
@@ -496,6 +586,16 @@ def _run(
         io_params = io_table(manager.exported_program(), extracted)
     with stages.stage("check_delegates"):  # a program that could never run fails here
         check_call_sites(manager.exported_program())
+    from etkit_exporter.float_ops import report_section
+
+    float_section = report_section(  # the edge program as lowered, before to_executorch
+        manager.exported_program(),
+        quantized=quant.enabled,
+        grid_math=quant.grid_math,
+        intermediates=intermediates if target == "vgf" else None,
+    )
+    for warning in float_section["warnings"]:
+        logger.warning("%s", warning)
     with stages.stage("serialize"):
         strip_build_paths(manager.exported_program())
         executorch_manager = manager.to_executorch()
@@ -503,6 +603,10 @@ def _run(
         io_params = with_pte_layouts(io_params, pte)  # the dim orders the .pte really has
         (work / "model.pte").write_bytes(pte)
         (work / "io_quant_params.json").write_text(json.dumps(io_params, indent=2) + "\n")
+    with stages.stage("load"):  # a program the runtime refuses is no export
+        from etkit_exporter.verify import check_program_loads
+
+        check_program_loads(work / "model.pte", target)
     with stages.stage("etrecord"):  # for ExecuTorch's Inspector and etkit inspect
         from etkit_exporter.etrecord import write_etrecord
 
@@ -515,24 +619,26 @@ def _run(
         )
     verification = None
     if verify:
-        from etkit_exporter.verify import RUNNERS, verify_run
+        from etkit_exporter.verify import RUNNERS, verify_export
 
-        with stages.stage("verify"):
-            run = verify_run(
-                work / "model.pte", model, converted, inputs, io_params, target, pictures=work
-            )
+        with stages.stage("verify"):  # the verdict, and where a failing program diverges
+            run = verify_export(
+                work, model, converted, inputs, io_params, target,
+                tolerance=tolerance, float_export=not quant.enabled,
+            )  # fmt: skip
             verification = run.verification
-            from etkit_exporter.model_explorer import write_node_data
-
-            write_node_data(work, verification)  # Model Explorer per-node data, per delegate
-        if bundle:
+        if bundle and run.passed:  # a failed program's outputs are no test vectors
             from etkit_exporter.bundle import BUNDLE_NAME, SIDECAR_NAME, bundle_bytes, sidecar
 
             with stages.stage("bundle"):
                 (work / BUNDLE_NAME).write_bytes(
                     bundle_bytes(work / "model.pte", run.inputs, run.outputs)
                 )
-                side = sidecar(io_params, RUNNERS.get(target, "executorch.runtime"))
+                side = sidecar(
+                    io_params,
+                    RUNNERS.get(target, "executorch.runtime"),
+                    verdict=verification["verdict"],
+                )
                 (work / SIDECAR_NAME).write_text(json.dumps(side, indent=2) + "\n")
     scenario_section = None
     if scenario:  # the whole program as one Vulkan scenario (docs/scenario.md)
@@ -554,6 +660,11 @@ def _run(
     )
     if scenario_section is not None:
         report["scenario"] = scenario_section
+    report["grid_sampler_paths"] = sampler_paths
+    if quantizer is not None and quant.grid_math == "float":
+        coordinates["inputs"] = list(quantizer.coordinate_inputs)
+        float_section["coordinate_inputs"] = coordinates
+    report["float_ops"] = float_section
     write_report(report, work)
     return ExportResult(
         edge_program=manager.exported_program(),
@@ -586,6 +697,18 @@ def strip_build_paths(program: ExportedProgram) -> list[str]:
             removed += [c.key for c in module.compile_specs if c.key in BUILD_PATH_COMPILE_SPECS]
             module._compile_specs = kept
     return removed
+
+
+def _check_grid_math(grid_math: object) -> str:
+    """``grid_math`` checked: "float" (the coordinate arithmetic between the last compute-heavy
+    op and each grid sampler's grid input in float) or "int" (quantized too)."""
+    from etkit_quant.boundary import GRID_MATHS
+
+    if grid_math not in GRID_MATHS:
+        raise ValueError(
+            f"grid_math must be one of {', '.join(map(repr, GRID_MATHS))}, got {grid_math!r}"
+        )
+    return str(grid_math)
 
 
 def _check_qspec_list(
@@ -624,9 +747,46 @@ def _refuse_unsigned(quant: _QuantOptions) -> None:
             )
 
 
+def _coordinate_input_qspec(
+    exported: ExportedProgram, base: Any, quant: _QuantOptions
+) -> tuple[QuantizationSpec, dict[str, Any]]:
+    """The qspec of the tensors entering the coordinate arithmetic (a predicted flow or
+    theta), and why: int8 (``observed_int8``) unless rounding them to int8 moves a sampling
+    position by more than ``POSITION_TOLERANCE_PX`` on the calibration data and the backend
+    has int16 activations (VGF; XNNPACK has none: there it stays int8, and the report says
+    so)."""
+    from etkit_quant import observed_int8
+    from etkit_quant.calibration import POSITION_TOLERANCE_PX, coordinate_position_error
+    from etkit_quant.qspecs import observed_int16
+
+    if quant.grid_math != "float":
+        return observed_int8(), {}  # the coordinate arithmetic is quantized by the base
+    error = coordinate_position_error(exported, quant.samples)
+    int16_capable = type(base).__module__.startswith("executorch.backends.arm")
+    needs = error > POSITION_TOLERANCE_PX
+    qspec = observed_int16() if needs and int16_capable else observed_int8()
+    if not needs:
+        why = f"int8 moves sampling positions by at most {error:.3g} px"
+    elif int16_capable:
+        why = f"int8 would move sampling positions by up to {error:.3g} px"
+    else:
+        why = (
+            f"int8 moves sampling positions by up to {error:.3g} px, but the backend has no "
+            "int16 activations"
+        )
+        logger.warning("tensors entering the coordinate arithmetic: %s", why)
+    section = {
+        "qspec": describe_qspec(qspec),
+        "int8_position_error_px": error,
+        "tolerance_px": POSITION_TOLERANCE_PX,
+        "why": why,
+    }
+    return qspec, section
+
+
 def _boundary_quantizer(
     exported: ExportedProgram, base: Any, quant: _QuantOptions, num_inputs: int
-) -> tuple[BoundaryQuantizer, tuple[Saturation, ...]]:
+) -> tuple[BoundaryQuantizer, tuple[Saturation, ...], dict[str, Any]]:
     """The boundary quantizer over ``base`` with the given qspecs and, where none is given, the
     ones the calibration data calls for; and the saturation of each fixed-parameter one."""
     given = [
@@ -652,8 +812,10 @@ def _boundary_quantizer(
         zip(observation.outputs, output_qspecs, strict=False)
     )
 
+    coordinate_qspec, coordinates = _coordinate_input_qspec(exported, base, quant)
     quantizer = BoundaryQuantizer(
         base,
+        coordinate_input_qspec=coordinate_qspec,
         input_qspecs=input_qspecs,
         output_qspecs=output_qspecs,
         grid_sampler_image_qspec=chosen(quant.sampler_image, defaults.grid_sampler_image_qspec),
@@ -663,6 +825,7 @@ def _boundary_quantizer(
         # model already quantizes is read as it is, not requantized before the sampler.
         grid_sampler_image_from_producer=isinstance(quant.sampler_image, _Calibrated)
         and _fixed_boundaries_fit_samplers(observed_boundaries),
+        grid_math=quant.grid_math,  # type: ignore[arg-type]  # checked: _check_grid_math
     )
     quantizer.check_counts(num_inputs, len(observation.outputs))
     try:
@@ -672,7 +835,7 @@ def _boundary_quantizer(
             exported, quant.samples, count_outside=boundary_fixed_qspecs(quantizer)
         )
         saturations = saturation_report(observation, quantizer)
-    return quantizer, saturations
+    return quantizer, saturations, coordinates
 
 
 def _fixed_boundaries_fit_samplers(
@@ -698,6 +861,62 @@ def _fixed_boundaries_fit_samplers(
             )
             return False
     return True
+
+
+@contextmanager
+def _sampler_lowering(in_vgf: bool) -> Iterator[list[dict[str, Any]]]:
+    """While lowering to VGF, etkit's samplers become compute segments (etkit_gridsampler's
+    rewrite pass runs before the Arm backend's own grid-sampler passes); yields the segments
+    made."""
+    if not in_vgf:
+        yield []
+        return
+    from etkit_gridsampler.vgf_shader import sampler_lowering
+
+    with sampler_lowering() as segments:
+        yield segments
+
+
+def _sampler_paths(
+    partitioner: Any, program: ExportedProgram, segments: list[dict[str, Any]] | None, target: str
+) -> list[dict[str, Any]]:
+    """Which way each grid sampler went (a compute segment inside the VGF, with its
+    configuration, or etkit's own delegate with the reason), said on the console too."""
+    from etkit_gridsampler.vgf_shader import IN_VGF, OWN_DELEGATE
+
+    if segments is None:
+        left = [n.name for n in program.graph_module.graph.nodes if is_grid_sampler(n)]
+        why = (
+            "sampler_delegate: samplers kept in etkit's own delegate"
+            if target == "vgf"
+            else f"target {target}: etkit's own delegate"
+        )
+        return [{"node": name, "path": OWN_DELEGATE, "reason": why} for name in left]
+    paths = [p.as_dict() for p in getattr(partitioner, "paths", [])]
+    made = {segment["node"]: segment for segment in segments}
+    for path in paths:
+        segment = made.get(str(path["node"]))
+        if segment is not None:
+            op = segment["op"]
+            path["segment"] = {
+                "mode": op.mode,
+                "padding_mode": op.padding_mode,
+                "align_corners": op.align_corners,
+                "image_shape": list(segment["image_shape"]),
+                "grid_shape": list(segment["grid_shape"]),
+                "grid_dtype": str(op.grid.dtype).removeprefix("torch."),
+                "params": segment["params_mode"],
+                "workgroups": segment["workgroups"],
+            }
+        if path["path"] == IN_VGF:
+            logger.info("grid sampler %s: a compute segment inside the VGF", path["node"])
+        else:
+            logger.warning(
+                "grid sampler %s stays outside the VGF, in etkit's own delegate: %s",
+                path["node"],
+                path["reason"],
+            )
+    return paths
 
 
 def _backend(target: str, intermediates: Path, tosa_spec: str) -> tuple[Any, Any, str | None]:

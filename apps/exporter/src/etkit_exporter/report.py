@@ -128,6 +128,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 def render_markdown(report: dict[str, Any]) -> str:
     """The report as readable Markdown."""
     lines = [f"# etkit export report ({report['target']})", ""]
+    lines += verdict_markdown((report.get("verification") or {}).get("verdict"), top=True)
     lines += ["## Partitions", ""]
     lines += _table(
         ["delegate", "backend", "nodes", "ops"],
@@ -174,6 +175,21 @@ def render_markdown(report: dict[str, Any]) -> str:
             for g in report["grid_samplers"]
         ],
     )
+    if report.get("grid_sampler_paths"):
+        lines += ["", "Where each grid sampler runs (vgf-compute-segment: inside the VGF, etkit's "
+                  "shader; etkit-delegate: etkit's own delegate):", ""]  # fmt: skip
+        lines += _table(
+            ["node", "path", "why not in the VGF", "params"],
+            [
+                [
+                    p["node"],
+                    p["path"],
+                    p.get("reason") or "",
+                    (p.get("segment") or {}).get("params", ""),
+                ]
+                for p in report["grid_sampler_paths"]
+            ],
+        )
     lines += ["", "## Inputs and outputs", ""]
     rows = []
     for kind in ("inputs", "outputs"):
@@ -221,9 +237,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         if report.get("saturation")
         else ["(no fixed-range boundary)"]
     )
+    from etkit_exporter.float_ops import markdown as float_ops_markdown
+
+    lines += float_ops_markdown(report.get("float_ops"))
     if report.get("verification"):
         runner = report["verification"].get("runner", "executorch.runtime")
         lines += ["", f"## Verification ({runner})", ""]
+        lines += verdict_markdown(report["verification"].get("verdict"), top=False)
         lines += _table(
             ["output", "vs", "max abs error", "PSNR dB", "int8 steps (max; 0/1/2/more)"],
             [
@@ -276,7 +296,10 @@ def render_markdown(report: dict[str, Any]) -> str:
 
         lines += ["", *scenario_markdown(report["scenario"])]
     lines += ["", "## Stage timings", ""]
-    lines += _table(["stage", "seconds"], [[k, v] for k, v in report["timings_s"].items()])
+    if "timings_s" in report:
+        lines += _table(["stage", "seconds"], [[k, v] for k, v in report["timings_s"].items()])
+    else:
+        lines.append(f"In {TIMINGS_NAME} (measured times differ from run to run; this report not).")
     lines += ["", "## Toolchain", ""]
     lines += _table(["package", "version"], [[k, v] for k, v in report["versions"].items()])
     return "\n".join(lines) + "\n"
@@ -284,6 +307,71 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 def _db(value: float | None) -> str:
     return "inf (identical)" if value is None else f"{value:.2f}"
+
+
+def verdict_markdown(verdict: dict[str, Any] | None, *, top: bool) -> list[str]:
+    """The verdict in report.md: at the ``top`` of the report only a failure (one line per
+    fact); in the Verification section the verdict, the tolerance and, for a failure, the table
+    of delegate calls against the quantized PT2E model with the first failing one marked."""
+    from etkit_exporter.verdict import verdict_lines
+
+    if not verdict:
+        return []
+    failed = verdict.get("result") == "fail"
+    if top:
+        if not failed:
+            return []
+        return [
+            "**Verification failed**: this program is not within tolerance of the quantized "
+            "PT2E model; it was kept for inspection and not put in place of the artifacts "
+            "folder.",
+            "",
+            *[f"- {line}" for line in verdict_lines(verdict)],
+            "",
+        ]
+    tolerance = verdict.get("tolerance", {})
+    lines = [
+        f"Verdict: **{'fail' if failed else 'pass'}** against the quantized PT2E model; "
+        'tolerance (README, "Verification verdict"): PSNR >= '
+        f"{tolerance.get('min_psnr_db', 0):g} dB, at most "
+        f"{100 * tolerance.get('max_fraction', 0):g} % of values more than "
+        f"{tolerance.get('steps', 0):g} steps (float outputs: "
+        f"{100 * tolerance.get('float_error', 0):g} % of the range) off, mean error within "
+        f"{tolerance.get('max_bias_steps', 0):g} steps.",
+        "",
+    ]
+    calls = verdict.get("delegate_calls")
+    if calls:
+        lines += [
+            "Where it diverges: each delegate call's output against the quantized PT2E model's "
+            "value of the same tensor (the ETRecord's quantized graph on the same inputs).",
+            "",
+        ]
+        lines += _table(
+            ["instruction", "backend", "ops", "output node", "PSNR dB", "steps max",
+             "beyond tolerance", "verdict"],
+            [
+                [
+                    c["instruction"],
+                    c["backend"],
+                    c.get("ops") or "",
+                    c.get("node") or "",
+                    _db(c["psnr_db"]) if "psnr_db" in c else "",
+                    "" if c.get("max_steps") is None else c["max_steps"],
+                    f"{100 * c['fraction_over']:.3g} %" if "fraction_over" in c else "",
+                    "not compared"
+                    if "passes" not in c
+                    else "ok"
+                    if c["passes"]
+                    else "**first to fail**"
+                    if c.get("first_failing")
+                    else "fails",
+                ]
+                for c in calls
+            ],
+        )  # fmt: skip
+        lines.append("")
+    return lines
 
 
 def inspection_markdown(inspection: dict[str, Any] | None) -> list[str]:
@@ -340,7 +428,16 @@ def inspection_markdown(inspection: dict[str, Any] | None) -> list[str]:
     return lines[:-1] if lines[-1] == "" else lines
 
 
+TIMINGS_NAME = "timings.json"
+
+
 def write_report(report: dict[str, Any], folder: Path) -> None:
-    """``report.json`` and ``report.md`` in ``folder``."""
-    (folder / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (folder / "report.md").write_text(render_markdown(report))
+    """``report.json`` and ``report.md`` in ``folder``, and the stage timings (``timings_s``,
+    which differ from run to run) apart in ``timings.json``, so that two exports of one model
+    write the same report files (and manifest)."""
+    timings = report.get("timings_s")
+    written = {k: v for k, v in report.items() if k != "timings_s"}
+    (folder / "report.json").write_text(json.dumps(written, indent=2, default=str) + "\n")
+    (folder / "report.md").write_text(render_markdown(written))
+    if timings is not None:
+        (folder / TIMINGS_NAME).write_text(json.dumps({"timings_s": timings}, indent=2) + "\n")
