@@ -1,6 +1,9 @@
 """Acceptance tests: models in the shape of public grid-sampling models (``real_models.py``: RIFE,
 the PyTorch spatial-transformer tutorial, RAFT, argument-order variants, values crossing a
-sampler, non-image outputs, and every case of ExecuTorch's Arm grid-sampler test) export with
+sampler, non-image outputs, few channels around a sampler (a spatial-transformer front end,
+1-channel images, 1/2/4/16-channel outputs straight from a VGF partition, N x C x 1 x 1, batch
+2, ReLUs before SNORM8 tensors, inputs feeding two ops), and every case of ExecuTorch's Arm
+grid-sampler test) export with
 ``export_model`` for VGF and for XNNPACK, every grid sampler reaches etkit's grid-sampler
 backend, and the written program computes what the quantized PT2E model and the float model
 compute: the XNNPACK program run in ``executorch.runtime``, the VGF program run whole by etkit's
@@ -24,9 +27,12 @@ Bars, per output of the program, for both targets:
   the unit square, clipped). 38 dB (RMS error 1.3 % of the output's range) lies between the two
   groups with 3.5 dB to spare on each side.
 
-For VGF, also every grid-sampler call of the run, against the contract's ideal on the very
+For VGF, each grid sampler the integer contract covers is by default a compute segment inside
+the one VGF (the report's ``grid_sampler_paths`` says where each went). Exported again with
+``sampler_delegate=True`` (the split path: samplers in etkit's own delegate between VGF
+delegates), every grid-sampler call of the run is held against the contract's ideal on the very
 integer inputs the program's VGF graphs gave it: one step for bilinear, none for nearest away
-from ties.
+from ties; and the Vulkan grid-sampler kernel gives the CPU kernel's bits.
 
 The exports are shared between the assertions (module-scoped fixtures, one export per model and
 target); a failed export is recorded and fails every test of that model and target with its
@@ -106,7 +112,7 @@ class _CountGridSamples(TorchFunctionMode):  # type: ignore[misc]
         return func(*args, **(kwargs or {}))
 
 
-def _export(name: str, target: str, root: Path) -> Exported:
+def _export(name: str, target: str, root: Path, sampler_delegate: bool = False) -> Exported:
     case = REAL_MODELS[name]
     model, inputs = case.make()
     counter = _CountGridSamples()
@@ -122,7 +128,8 @@ def _export(name: str, target: str, root: Path) -> Exported:
             quantized_output_qspecs=case.output_qspecs,
             target=target,
             verify=True,
-            scenario=target == "vgf",
+            scenario=target == "vgf" and not sampler_delegate,
+            sampler_delegate=sampler_delegate,
         )
         error = None
     except Exception as failure:  # recorded: every test of this export reports it
@@ -143,6 +150,14 @@ def _export(name: str, target: str, root: Path) -> Exported:
 @pytest.fixture(scope="module", params=sorted(REAL_MODELS))
 def vgf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Exported:
     return _export(request.param, "vgf", tmp_path_factory.mktemp("vgf") / request.param)
+
+
+@pytest.fixture(scope="module", params=sorted(REAL_MODELS))
+def vgf_split(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Exported:
+    """The split path: every grid sampler in etkit's own delegate, its calls checked one by
+    one."""
+    root = tmp_path_factory.mktemp("vgf-split") / request.param
+    return _export(request.param, "vgf", root, sampler_delegate=True)
 
 
 @pytest.fixture(scope="module", params=sorted(REAL_MODELS))
@@ -173,8 +188,30 @@ def test_vgf_exports(vgf: Exported) -> None:
     _check_exports(vgf)
 
 
-def test_vgf_grid_samplers_delegated(vgf: Exported) -> None:
-    _check_grid_samplers_delegated(vgf)
+def test_vgf_grid_samplers_in_the_vgf(vgf: Exported) -> None:
+    """Every grid sampler is a compute segment inside a VgfBackend delegate or, with the reason
+    said, in etkit's own delegate: none left outside, each one's path in the report."""
+    from etkit_gridsampler.vgf_shader import IN_VGF, OWN_DELEGATE
+
+    report = vgf.require().report
+    left = [o for o in report["outside_delegates"] if "grid_sampler" in o["op"]]
+    assert not left, left
+    paths = report["grid_sampler_paths"]
+    assert len(paths) == vgf.grid_samplers, paths
+    inside = [p for p in paths if p["path"] == IN_VGF]
+    own = [p for p in paths if p["path"] == OWN_DELEGATE]
+    assert len(inside) + len(own) == len(paths), paths
+    assert all(p["reason"] for p in own), own
+    held = {"VgfBackend": 0, "GridSamplerBackend": 0}
+    for partition in report["partitions"]:
+        count = sum(n for op, n in partition["ops"].items() if "grid_sampler" in op)
+        held[partition["backend"]] = held.get(partition["backend"], 0) + count
+    assert held["VgfBackend"] == len(inside), (held, paths)
+    assert held["GridSamplerBackend"] == len(own) == len(report["grid_samplers"]), (held, paths)
+
+
+def test_vgf_split_grid_samplers_delegated(vgf_split: Exported) -> None:
+    _check_grid_samplers_delegated(vgf_split)
 
 
 def test_xnnpack_exports_and_runs(xnnpack: Exported) -> None:
@@ -274,19 +311,19 @@ def test_vgf_matches_quantized_model(vgf: Exported) -> None:
     step from the quantized model (RIFE 2, RAFT's warped frame 26 measured): the VGF graphs
     compute in integers with TOSA's rescale rounding where PT2E rounds float results, and a
     one-step difference in a flow moves a warp by a fraction of a pixel. The grid samplers
-    themselves are held to their contract call by call (next test)."""
+    themselves are held to their contract call by call on the split path (next test)."""
     assert vgf.require().verification["runner"].startswith("etkit runner")  # type: ignore[index]
     _check_matches_quantized_model(vgf)
 
 
-def test_vgf_grid_sampler_calls_within_contract(vgf: Exported) -> None:
-    """Every grid-sampler call of the run, on the very integer inputs the program's VGF graphs
-    gave it, is within the contract of its ideal: one step for bilinear, none for nearest away
-    from rounding ties."""
-    verification = vgf.require().verification
+def test_vgf_grid_sampler_calls_within_contract(vgf_split: Exported) -> None:
+    """Split path: every grid-sampler call of the run, on the very integer inputs the program's
+    VGF graphs gave it, is within the contract of its ideal: one step for bilinear, none for
+    nearest away from rounding ties."""
+    verification = vgf_split.require().verification
     assert verification is not None
     calls = [c for c in verification["delegates"] if c["backend"] == "GridSamplerBackend"]
-    assert len(calls) == vgf.grid_samplers, verification["delegates"]
+    assert len(calls) == vgf_split.grid_samplers, verification["delegates"]
     for call in calls:
         if "max_steps_vs_ideal" not in call:  # a float grid sampler: exact by test_cpu_kernel
             continue
@@ -302,11 +339,11 @@ def test_vgf_matches_float_model(vgf: Exported) -> None:
     _check_matches_float_model(vgf)
 
 
-def test_vgf_same_on_cpu_and_vulkan_grid_sampler(vgf: Exported) -> None:
-    """etkit's Vulkan grid-sampler kernel in place of its CPU kernel changes no bit of any
-    output of the whole program."""
-    on_cpu = _run_program(vgf, "cpu")
-    on_vulkan = _run_program(vgf, "vulkan")
+def test_vgf_same_on_cpu_and_vulkan_grid_sampler(vgf_split: Exported) -> None:
+    """Split path: etkit's Vulkan grid-sampler kernel in place of its CPU kernel changes no bit
+    of any output of the whole program."""
+    on_cpu = _run_program(vgf_split, "cpu")
+    on_vulkan = _run_program(vgf_split, "vulkan")
     for index, (a, b) in enumerate(zip(on_cpu, on_vulkan, strict=True)):
         assert a.dtype == b.dtype and torch.equal(a, b), (
             f"output {index}: {int((a != b).sum())} of {a.numel()} values differ"

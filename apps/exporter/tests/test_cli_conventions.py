@@ -5,6 +5,7 @@ reusing ExecuTorch's own VGF preflight."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -217,3 +218,203 @@ def test_doctor_rows_come_from_executorchs_check_env(monkeypatch: pytest.MonkeyP
     with pytest.raises(doctor.CheckFailedError, match="cannot import it") as raised:
         doctor.check_tosa_serializer()
     assert raised.value.fix == "pip install tosa-tools"
+
+
+def _value_options(parser: argparse.ArgumentParser) -> list[str]:
+    """The long option of every optional argument of ``parser`` that takes one value."""
+    return [
+        max(action.option_strings, key=len)
+        for action in parser._actions
+        if action.option_strings and action.nargs in (None, "?") and action.type is not bool
+        and not isinstance(action, argparse._VersionAction | argparse._HelpAction)
+        and action.const is None
+    ]  # fmt: skip
+
+
+def test_every_option_takes_a_value_that_starts_with_a_dash() -> None:
+    """`--image-range -1,1`, as README, --help and the hints print it: a value such as -1,1 or
+    -.5,.5 is the option's value, for every option of both commands (plain argparse reads
+    it as an unknown option: "expected one argument")."""
+    from etkit_exporter import cli, export_cli
+
+    export_parser = export_cli._parser()
+    options = _value_options(export_parser)
+    assert "--image-range" in options and "--target" in options
+    for option in options:
+        for value in ("-1,1", "-.5,.5", "-2"):
+            try:
+                parsed = export_parser.parse_args(["demo", option, value])
+            except export_cli.UsageError as error:  # -t -1,1: not a target, but read as one
+                assert "invalid choice: '" + value in str(error), (option, error)
+                continue
+            dest = next(a.dest for a in export_parser._actions if option in a.option_strings)
+            given = getattr(parsed, dest)
+            assert str(given[-1] if isinstance(given, list) else given).endswith(value), option
+    run_parser = cli._parser()
+    run = run_parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    for option in _value_options(run):
+        for value in ("-1,1", "-.5,.5"):
+            try:
+                parsed = run_parser.parse_args(["run", "m.pte", option, value])
+            except SystemExit:  # --backend-impl -1,1: not a choice
+                assert option == "--backend-impl", option
+                continue
+            dest = next(a.dest for a in run._actions if option in a.option_strings)
+            given = getattr(parsed, dest)
+            assert str(given[-1] if isinstance(given, list) else given).endswith(value)
+    args = export_cli._parse(["demo", "--calibration", "c", "--image-range", "-1,1"])
+    assert args.image_range == "-1,1"
+    assert run_parser.parse_args(["run", "m.pte", "--image-range", "-1,1"]).image_range == "-1,1"
+
+
+def test_target_has_help_and_shows_its_default() -> None:
+    from etkit_exporter import export_cli
+
+    text = " ".join(export_cli._parser().format_help().split())
+    assert "-t {vgf,xnnpack}, --target {vgf,xnnpack} vgf:" in text
+    assert "(default: vgf)" in text
+
+
+HELPERS = """\
+import torch
+
+
+def conv(c_in, c_out):
+    return torch.nn.Conv2d(c_in, c_out, 3, padding=1)
+"""
+
+USER_MODEL = """\
+import torch
+import torch.nn.functional as F
+from {helpers} import conv
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.flow = conv(3, 2)
+
+    def forward(self, image):
+        grid = torch.tanh(self.flow(image)).permute(0, 2, 3, 1)
+        return F.grid_sample(image, grid, align_corners=False)
+
+
+def make():
+    return Net(), (torch.rand(1, 3, 8, 8) * 2 - 1,)
+"""
+
+
+def test_models_import_from_the_working_folder_and_beside_their_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-m mymodel:make` from the folder holding mymodel.py, and FILE.py importing a module
+    beside it from anywhere, as `python -m` and `python FILE.py` import; a failure names where
+    it looked."""
+    from etkit_exporter.export_cli import UsageError, load_model
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "fh_helpers_a.py").write_text(HELPERS)
+    (project / "fh_model_a.py").write_text(USER_MODEL.format(helpers="fh_helpers_a"))
+    (project / "fh_helpers_b.py").write_text(HELPERS)
+    (project / "fh_model_b.py").write_text(USER_MODEL.format(helpers="fh_helpers_b"))
+    (project / "fh_broken.py").write_text(USER_MODEL.format(helpers="fh_helpers_missing"))
+    monkeypatch.chdir(project)
+    model, inputs = load_model("fh_model_a:make", [])
+    assert type(model).__name__ == "Net" and inputs[0].shape == (1, 3, 8, 8)
+    monkeypatch.chdir(tmp_path)
+    model, _ = load_model("project/fh_model_b.py:make", [])
+    assert type(model).__name__ == "Net"
+    with pytest.raises(UsageError) as missing_module:
+        load_model("fh_nowhere:make", [])
+    assert f"looked in the working folder {tmp_path}" in str(missing_module.value)
+    with pytest.raises(UsageError) as missing_import:
+        load_model("project/fh_broken.py:make", [])
+    message = str(missing_import.value)
+    assert "No module named 'fh_helpers_missing'" in message
+    assert f"looked in {project}, the working folder {tmp_path}" in message
+    assert "fix the file" not in message
+
+
+def test_qspec_count_error_names_the_options(
+    models: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from etkit_exporter.export_cli import main
+
+    monkeypatch.chdir(models)
+    args = ["-m", "warp.py", "-t", "xnnpack", "-o", str(tmp_path / "out")]
+    assert main([*args, "--quant-output", "snorm8", "--quant-output", "snorm8"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--quant-output is given 2 times but the model has 1 output: give one --quant-output" in err
+    )
+    assert "qspecs" not in err and len(err.strip().splitlines()) == 1, err
+    assert main([*args, "--quant-input", "snorm8"]) == 2
+    assert "--quant-input is given 1 time but the model has 2 inputs" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+BRANCHY = """\
+import torch
+
+
+class Branchy(torch.nn.Module):
+    def forward(self, a):
+        if a.sum() > 0:
+            return a * 2
+        return a - 1
+
+
+def make():
+    return Branchy(), (torch.rand(1, 3, 8, 8),)
+"""
+
+
+def test_data_dependent_branch_is_a_short_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch.export prints the partial graph before it raises; the command shows the one-line
+    error (--verbose shows everything)."""
+    from etkit_exporter.export_cli import main
+
+    (tmp_path / "branchy.py").write_text(BRANCHY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert main(["-m", "branchy.py:make", "-t", "xnnpack", "-o", "out"]) == 1
+    captured = capsys.readouterr()
+    assert "class GraphModule" not in captured.err + captured.out
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 2 and "stage 'capture' failed" in lines[0], captured.err
+    assert "Data-dependent" in lines[0]
+
+
+def test_summary_lists_samplers_outside_delegates_and_no_empty_folder(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from etkit_exporter.export_cli import _summary
+
+    (tmp_path / "model.pte").write_bytes(b"x")
+    (tmp_path / "intermediates").mkdir()
+    report = {
+        "partitions": [{"name": "lowered_module_0", "backend": "XnnpackBackend", "nodes": 4}],
+        "io": {"inputs": [], "outputs": []},
+        "outside_delegates": [
+            {"node": "aten_grid_sampler_2d_default", "op": "aten::grid_sampler_2d.out",
+             "reason": "grid-sampler backend: interpolation mode 2 (bicubic) is not supported"},
+            {"node": "q", "op": "quantized_decomposed::quantize_per_tensor.out",
+             "reason": "kept outside by DetagInputQuantize"},
+        ],
+    }  # fmt: skip
+    result = SimpleNamespace(
+        report=report, saturation=(), verification=None, artifacts_root=tmp_path
+    )
+    text = _summary(result, 1.0)
+    assert "aten_grid_sampler_2d_default: grid-sampler backend: interpolation mode 2" in text
+    assert "DetagInputQuantize" not in text
+    assert "intermediates" not in text and str(tmp_path / "model.pte") in text
+    (tmp_path / "intermediates" / "x.vgf").write_bytes(b"x")
+    assert str(tmp_path / "intermediates") in _summary(result, 1.0)

@@ -96,14 +96,17 @@ def test_report_contents(flow_warp_xnnpack: Any) -> None:
     assert grid["outside"] == 0 and grid["observed"][1] > 1
     assert sampler["image_shape"][1] == 4  # RGB padded to RGBA
     assert all(o["reason"] for o in report["outside_delegates"])
+    timings = json.loads((flow_warp_xnnpack.artifacts_root / "timings.json").read_text())
+    assert "timings_s" not in report  # apart: measured times differ from run to run
     assert {
         "capture",
         "quantize",
         "lower_main",
         "lower_grid_sampler",
         "serialize",
+        "load",
         "verify",
-    } <= set(report["timings_s"])
+    } <= set(timings["timings_s"])
     assert report["versions"]["executorch"] == "1.5.1"
     markdown = (flow_warp_xnnpack.artifacts_root / "report.md").read_text()
     for heading in (
@@ -116,13 +119,16 @@ def test_report_contents(flow_warp_xnnpack: Any) -> None:
 
 
 def test_flow_warp_vgf_api(tmp_path: Path) -> None:
+    """By default the grid sampler is a compute segment inside the one VGF: one VgfBackend
+    delegate holds it, no etkit grid-sampler delegate, and the report says where it went."""
     model, inputs = DEMOS["flow-warp"]()
     result = export_model(model, inputs, artifacts_root=tmp_path / "out", target="vgf")
-    backends = [p["backend"] for p in result.report["partitions"]]
-    assert "VgfBackend" in backends and "GridSamplerBackend" in backends
-    for partition in result.report["partitions"]:
-        if partition["backend"] == "VgfBackend":
-            assert not any("grid_sampler" in op for op in partition["ops"])
+    (partition,) = result.report["partitions"]
+    assert partition["backend"] == "VgfBackend"
+    assert partition["ops"].get("aten::grid_sampler_2d") == 1
+    (path,) = result.report["grid_sampler_paths"]
+    assert path["path"] == "vgf-compute-segment" and path["segment"]["grid_dtype"] == "int16"
+    assert result.report["grid_samplers"] == []  # no sampler left to etkit's own delegate
     for entry in (*result.io_quant_params["inputs"], *result.io_quant_params["outputs"]):
         assert entry["dim_order"] == [0, 2, 3, 1]  # NHWC at every image boundary, for the GPU
         assert entry["texture"]["format"] == "R8_SNORM"
@@ -152,7 +158,14 @@ def test_cli_exports_demo(tmp_path: Path, demo: str, target: str, extra: list[st
     assert "partitions:" in done.stdout and "artifacts:" in done.stdout
     assert (tmp_path / "out" / "model.pte").stat().st_size > 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["target"] == target and report["grid_samplers"]
+    assert report["target"] == target
+    if target == "vgf":  # each sampler inside the VGF or, with the reason, in etkit's delegate
+        paths = report["grid_sampler_paths"]
+        assert paths and {p["path"] for p in paths} <= {"vgf-compute-segment", "etkit-delegate"}
+        own = [p for p in paths if p["path"] == "etkit-delegate"]
+        assert all(p["reason"] for p in own) and len(own) == len(report["grid_samplers"])
+    else:
+        assert report["grid_samplers"]
     if "--verify" in extra:
         assert "PSNR" in done.stdout
         quantized = [

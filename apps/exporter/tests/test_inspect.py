@@ -1,7 +1,8 @@
-"""Inspect and profile (issue 17 item 1): every export's ETRecord, the grid-sampler delegate's
+"""Inspect and profile: every export's ETRecord, the grid-sampler delegate's
 debug-handle map, ``etkit run --etdump`` (an ETDump for ExecuTorch's Inspector, or a Chrome
-trace of etkit's runner) and ``etkit inspect``, on real exports of the demos (one XNNPACK, one
-VGF, shared by every test of this module)."""
+trace of etkit's runner) and ``etkit inspect``, on real exports of the demos (one XNNPACK; one
+VGF with the samplers inside, one with them in etkit's own delegate; shared by every test of
+this module)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ from etkit_gridsampler.backend import DEBUG_EVENT_NAME
 BUILD_ROOTS = (b"/work/", b"/tmp/", b"/home/", b"/root/")
 
 
-def _export(root: Path, demo: str, target: str) -> Any:
+def _export(root: Path, demo: str, target: str, **options: Any) -> Any:
     model, inputs = DEMOS[demo]()
-    return export_model(model, inputs, artifacts_root=root / demo, target=target, verify=True)
+    return export_model(
+        model, inputs, artifacts_root=root / demo, target=target, verify=True, **options
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +39,25 @@ def flow_xnnpack(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.fixture(scope="module")
-def resample_vgf(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return _export(tmp_path_factory.mktemp("inspect-vgf"), "resample", "vgf")
+def flow_vgf(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The default VGF export: flow-warp's sampler a compute segment inside the one VGF."""
+    return _export(tmp_path_factory.mktemp("inspect-vgf"), "flow-warp", "vgf")
+
+
+@pytest.fixture(scope="module")
+def resample_vgf_split(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The split path: the samplers in etkit's own delegate, then a VGF delegate."""
+    return _export(
+        tmp_path_factory.mktemp("inspect-vgf-split"), "resample", "vgf", sampler_delegate=True
+    )
+
+
+# the backends of each export's delegates
+CALLS = {
+    "flow_xnnpack": {"XnnpackBackend", "GridSamplerBackend"},
+    "flow_vgf": {"VgfBackend"},
+    "resample_vgf_split": {"GridSamplerBackend", "VgfBackend"},
+}
 
 
 def _record(result: Any) -> Any:
@@ -54,7 +74,7 @@ def _save_inputs(result: Any, folder: Path) -> list[str]:
     return args
 
 
-@pytest.mark.parametrize("which", ["flow_xnnpack", "resample_vgf"])
+@pytest.mark.parametrize("which", ["flow_xnnpack", "flow_vgf", "resample_vgf_split"])
 def test_every_export_writes_an_etrecord_the_inspector_reads(
     which: str, request: pytest.FixtureRequest
 ) -> None:
@@ -84,7 +104,7 @@ def test_every_export_writes_an_etrecord_the_inspector_reads(
 
     mapping = json.loads((folder / "etrecord.json").read_text())["instructions"]
     delegates = [v for v in mapping.values() if v["kind"] == "delegate"]
-    assert {d["backend"] for d in delegates} >= {"GridSamplerBackend"}
+    assert {d["backend"] for d in delegates} == CALLS[which]
     assert all(None not in d["outputs"] for d in delegates)
 
 
@@ -151,11 +171,23 @@ def test_run_etdump_writes_an_etdump_the_inspector_reads(
     assert output.dtype == np.int8 and output.shape == (1, 3, 32, 48)
 
 
+@pytest.mark.parametrize(
+    ("which", "expected"),
+    [
+        ("flow_vgf", ["VgfBackend"]),  # the sampler inside the one VGF
+        ("resample_vgf_split", ["GridSamplerBackend", "GridSamplerBackend", "VgfBackend"]),
+    ],
+)
 def test_run_etdump_of_a_vgf_export_writes_a_chrome_trace(
-    resample_vgf: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    which: str,
+    expected: list[str],
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    args = _save_inputs(resample_vgf, tmp_path)
-    status = main(["run", str(resample_vgf.pte_path), *args, "--out", str(tmp_path / "out"),
+    export = request.getfixturevalue(which)
+    args = _save_inputs(export, tmp_path)
+    status = main(["run", str(export.pte_path), *args, "--out", str(tmp_path / "out"),
                    "--etdump", str(tmp_path / "profile.etdp")])  # fmt: skip
     assert status == 0
     assert "ui.perfetto.dev" in capsys.readouterr().out
@@ -164,11 +196,9 @@ def test_run_etdump_of_a_vgf_export_writes_a_chrome_trace(
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     (method,) = [e for e in slices if e["cat"] == "method"]
     calls = [e for e in slices if e["cat"] == "delegate"]
-    assert [e["args"]["backend"] for e in calls] == [
-        "GridSamplerBackend", "GridSamplerBackend", "VgfBackend",
-    ]  # fmt: skip
-    assert [e["name"] for e in calls][-1] == "VgfBackend (delegate 2)"
-    assert [e["args"]["instruction"] for e in calls] == [0, 1, 2]
+    assert [e["args"]["backend"] for e in calls] == expected
+    assert [e["name"] for e in calls][-1] == f"VgfBackend (delegate {len(expected) - 1})"
+    assert [e["args"]["instruction"] for e in calls] == list(range(len(expected)))
     for before, after in itertools.pairwise(calls):
         assert before["ts"] + before["dur"] <= after["ts"]
     assert all(e["dur"] > 0 for e in calls)
@@ -218,9 +248,27 @@ def test_inspect_prints_the_table_and_writes_it_into_the_report(
 
 
 def test_inspect_of_a_vgf_export_uses_the_runner_and_the_verification(
-    resample_vgf: Any, capsys: pytest.CaptureFixture[str]
+    flow_vgf: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = resample_vgf.artifacts_root
+    """The sampler inside the one VGF: one row, the VGF call's, none per sampler."""
+    folder = flow_vgf.artifacts_root
+    assert main(["inspect", str(folder), "--no-report"]) == 0
+    printed = capsys.readouterr().out
+    assert "executorch.runtime cannot run" in printed and "etkit's Python runner" in printed
+    assert "inspect" not in json.loads((folder / "report.json").read_text())
+    assert main(["inspect", str(folder), "--no-report", "--json"]) == 0
+    inspection = json.loads(capsys.readouterr().out)
+    assert [r["backend"] for r in inspection["rows"]] == ["VgfBackend"]
+    assert all(r["ms"] > 0 and r["vs_ideal"] is None for r in inspection["rows"])
+    assert all(r["vs_quantized"]["max_steps"] <= 1 for r in inspection["rows"])
+    assert len(inspection["outputs"]) == 1
+
+
+def test_inspect_of_a_split_vgf_export_holds_each_sampler_call_to_its_ideal(
+    resample_vgf_split: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Split path: a row per grid-sampler call, compared with the contract's ideal."""
+    folder = resample_vgf_split.artifacts_root
     assert main(["inspect", str(folder), "--no-report"]) == 0
     printed = capsys.readouterr().out
     assert "executorch.runtime cannot run" in printed and "etkit's Python runner" in printed

@@ -2,7 +2,9 @@
 grid samplers, nearest/zeros/align_corners and bilinear/reflection, then a VGF delegate) loads
 through the adapter's convert API with each grid-sampler node carrying its blob's parameters
 (mode, padding, align_corners, quantization, shapes) and each VGF node its backend and size;
-the per-node data files hold, per delegate node, the verification's time and error.
+the per-node data files hold, per delegate node, the verification's time and error. That export
+keeps the samplers in etkit's own delegate (``sampler_delegate=True``); flow-warp's default
+export, its sampler inside the VGF, has one VGF delegate node only.
 
 The adapter tests need Model Explorer (``pip install 'etkit-exporter[model-explorer]'``); the
 upstream-builder ones also Arm's ``pte-adapter-model-explorer``. The node-data tests need
@@ -63,8 +65,20 @@ BUILDERS = [
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
+    """The split path (samplers in etkit's own delegate): the grid-sampler delegate nodes and
+    their per-call rows are this module's subject."""
     model, inputs = DEMOS["resample"]()
     root = tmp_path_factory.mktemp("model-explorer") / "resample"
+    return export_model(
+        model, inputs, artifacts_root=root, target="vgf", verify=True, sampler_delegate=True
+    )
+
+
+@pytest.fixture(scope="module")
+def one_vgf(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
+    """The default VGF export of flow-warp: its sampler a compute segment inside the one VGF."""
+    model, inputs = DEMOS["flow-warp"]()
+    root = tmp_path_factory.mktemp("model-explorer") / "flow-warp-one-vgf"
     return export_model(model, inputs, artifacts_root=root, target="vgf", verify=True)
 
 
@@ -285,6 +299,35 @@ def test_node_data_has_each_delegate_time_and_error(export: ExportResult) -> Non
             [row.get("max_steps_vs_ideal", 0)] + [quantized[k]["max_steps"] for k in outputs]
         )
         assert summary[site.node_id]["bgColor"] == ("#c8e6c9" if worst == 0 else "#fff59d")
+
+
+def test_node_data_of_vgf_delegates_holding_the_samplers(one_vgf: ExportResult) -> None:
+    """With the sampler inside the VGF the one delegate node is the VGF's, carrying its call's
+    time and the worst error of the program output it writes; no per-sampler row."""
+    folder = one_vgf.pte_path.parent
+    write_node_data(folder)
+    verification = _verification(one_vgf)
+    method = PteProgram.load(one_vgf.pte_path).method("forward")
+    sites = list(delegate_call_sites(method))
+    assert [s.delegate.backend_id for s in sites] == ["VgfBackend"]
+    rows = {(r.get("chain", 0), r["instruction"]): r for r in verification["delegates"]}
+    assert len(rows) == len(sites)
+    assert all("max_steps_vs_ideal" not in r for r in rows.values()), rows
+    quantized = {
+        c["output"]: c
+        for c in verification["comparisons"]
+        if c["reference"] == "quantized PT2E model"
+    }
+    steps = json.loads((folder / STEPS_FILE).read_text())["forward"]["results"]
+    text = json.loads((folder / NODE_DATA_FILE).read_text())["forward"]["results"]
+    written = []
+    for site in sites:
+        row = rows[(site.chain, site.instruction.position)]
+        outputs = [k for k, v in enumerate(method.outputs) if v in site.instruction.args]
+        written += outputs
+        assert steps[site.node_id]["value"] == max(quantized[k]["max_steps"] for k in outputs)
+        assert text[site.node_id]["value"].startswith(f"{row['seconds'] * 1000:.3f} ms")
+    assert written == [0]  # the demo's one output
 
 
 @needs_model_explorer
