@@ -250,7 +250,10 @@ def test_failed_export_leaves_nothing(tmp_path: Path) -> None:
         (["--model", "x:y", "--input-shape", "1x0x3"], "bad --input-shape"),
         ([], "nothing to export"),
         (["demo", "--target", "metal"], "invalid choice"),
-        (["demo", "resample", "--quant-input", "snorm8"], "1 entries but the model has 2"),
+        (
+            ["demo", "resample", "--quant-input", "snorm8"],
+            "--quant-input is given 1 time but the model has 2",
+        ),
     ],
 )
 def test_cli_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:

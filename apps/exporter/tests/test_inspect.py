@@ -151,7 +151,9 @@ def test_run_etdump_writes_an_etdump_the_inspector_reads(
             debug_buffer_path=str(tmp_path / "run.etdp.debug"),
         )
     events = [e for block in inspector.event_blocks for e in block.events]
-    assert len(events) > 50
+    # (33 since the flow net's convs run int8 inside the XNNPACK delegate, no longer as float
+    # operators of their own; 50+ before)
+    assert len(events) > 20
     sampler = [e for e in events if e.name == DEBUG_EVENT_NAME]
     assert len(sampler) == 1
     (event,) = sampler
