@@ -29,6 +29,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
 
+from etkit_exporter.tosa import tosa_float_ops
 from etkit_quant.boundary import COORDINATE_ARITHMETIC, USER_CHOICE, float_reason
 from etkit_quant.graph import compute_kind, target_name
 
@@ -241,34 +242,6 @@ def heavy_warnings(ops: list[FloatOp]) -> list[str]:
         for op in ops
         if op.kind in HEAVY_KINDS
     ]
-
-
-def tosa_float_ops(path: Path) -> Counter[str]:
-    """The operators of a ``.tosa`` file (a VGF delegate's intermediate) that read a
-    floating-point tensor, by kind (``"CONV2D"``, ``"ADD"``, ...); ``CAST`` counts too (a
-    conversion between integer and float)."""
-    from tosa.DType import DType
-    from tosa.Op import Op
-    from tosa.TosaGraph import TosaGraph
-
-    names = {value: name for name, value in vars(Op).items() if not name.startswith("_")}
-    floats = {getattr(DType, n) for n in ("FP32", "FP16", "BF16") if hasattr(DType, n)}
-    graph = TosaGraph.GetRootAsTosaGraph(Path(path).read_bytes(), 0)
-    counts: Counter[str] = Counter()
-    for r in range(graph.RegionsLength()):
-        region = graph.Regions(r)
-        for b in range(region.BlocksLength()):
-            block = region.Blocks(b)
-            types = {}
-            for t in range(block.TensorsLength()):
-                tensor = block.Tensors(t)
-                types[tensor.Name()] = tensor.Type()
-            for o in range(block.OperatorsLength()):
-                operator = block.Operators(o)
-                inputs = [operator.Inputs(k) for k in range(operator.InputsLength())]
-                if any(types.get(name) in floats for name in inputs):
-                    counts[names.get(operator.Op(), "UNKNOWN")] += 1
-    return counts
 
 
 def report_section(

@@ -50,18 +50,7 @@ def vgf_delegates(program: ExportedProgram) -> list[bytes]:
 
 def scenario_template(vgf_path: Path) -> dict[str, Any]:
     """The scenario that ``vgf_dump --scenario-template`` writes for a VGF file."""
-    with tempfile.TemporaryDirectory(prefix="etkit-scenario-") as tmp:
-        out = Path(tmp) / "scenario.json"
-        done = subprocess.run(
-            [find_tool("vgf_dump"), "-i", str(vgf_path), "-o", str(out), "--scenario-template"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise ScenarioError(f"vgf_dump failed on {vgf_path}:\n{done.stderr[-2000:]}")
-        result: dict[str, Any] = json.loads(out.read_text())
-        return embedded_shaders(result)
+    return embedded_shaders(_vgf_dump(vgf_path, "--scenario-template"))
 
 
 def embedded_shaders(scenario: dict[str, Any]) -> dict[str, Any]:
@@ -110,10 +99,15 @@ class VgfPort:
 
 def vgf_declarations(vgf_path: Path) -> dict[str, Any]:
     """``vgf_dump``'s description of a VGF file (segments, resources, model sequence)."""
+    return _vgf_dump(vgf_path)
+
+
+def _vgf_dump(vgf_path: Path, *flags: str) -> dict[str, Any]:
+    """The JSON ``vgf_dump`` writes for a VGF file with ``flags``."""
     with tempfile.TemporaryDirectory(prefix="etkit-vgf-dump-") as tmp:
         out = Path(tmp) / "vgf.json"
         done = subprocess.run(
-            [find_tool("vgf_dump"), "-i", str(vgf_path), "-o", str(out)],
+            [find_tool("vgf_dump"), "-i", str(vgf_path), "-o", str(out), *flags],
             capture_output=True,
             text=True,
             check=False,
