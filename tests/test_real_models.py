@@ -175,12 +175,10 @@ def vgf_split(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     return _export(request.param, "vgf", root, sampler_delegate=True)
 
 
-# Known failure, kept visible: with its localization net quantized, the STN tutorial's XNNPACK
-# program (int8 theta: XNNPACK has no int16 activations) is 25.5 dB from the quantized PT2E
-# model; first divergence in the XNNPACK delegate that computes theta. Not yet explained.
-XNNPACK_KNOWN_FAILURES = {
-    "stn-tutorial": "XNNPACK STN tutorial 25.5 dB from PT2E since its localization net is int8"
-}
+# Known failures, kept visible as strict xfails (a fix shows as XPASS). None now: the STN
+# tutorial's 25.5 dB was XNNPACK misreading its in-place ReLUs (normalize's
+# functional_activations; exporter README, "Known upstream issues").
+XNNPACK_KNOWN_FAILURES: dict[str, str] = {}
 XNNPACK_MODELS = [
     pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=XNNPACK_KNOWN_FAILURES[name]))
     if name in XNNPACK_KNOWN_FAILURES

@@ -171,7 +171,14 @@ def _causes(error: BaseException) -> str:
     return "\n".join(messages)
 
 
-def _xnnpack_lower(program: torch.export.ExportedProgram, inputs: tuple[torch.Tensor, ...]) -> None:
+def _xnnpack_lower(
+    program: torch.export.ExportedProgram, inputs: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stock XNNPACK flow on ``program``: the quantized PT2E model's output and the
+    lowered program's, run by ExecuTorch's runtime."""
+    import tempfile
+    from pathlib import Path
+
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
@@ -183,8 +190,17 @@ def _xnnpack_lower(program: torch.export.ExportedProgram, inputs: tuple[torch.Te
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
     prepared = prepare_pt2e(program.module(check_guards=False), quantizer)  # type: ignore[arg-type]
     prepared(*inputs)
-    converted = torch.export.export(convert_pt2e(prepared), inputs, strict=True)
-    to_edge_transform_and_lower(converted, partitioner=[XnnpackPartitioner()])
+    reference = convert_pt2e(prepared)
+    converted = torch.export.export(reference, inputs, strict=True)
+    lowered = to_edge_transform_and_lower(converted, partitioner=[XnnpackPartitioner()])
+    from executorch.runtime import Runtime
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.pte"
+        path.write_bytes(lowered.to_executorch().buffer)
+        method = Runtime.get().load_program(path).load_method("forward")
+        out = method.execute(list(inputs))[0]
+    return reference(*inputs), out
 
 
 @pytest.mark.slow
@@ -201,6 +217,41 @@ def test_upstream_xnnpack_fails_on_a_quantized_zero_dim_constant() -> None:
     normalized, report = normalize_program(exported, inputs)
     assert report.steps["ranked_scalar_constants"] == 1
     _xnnpack_lower(normalized, inputs)
+
+
+class InPlaceReluNet(torch.nn.Module):
+    """The PyTorch STN tutorial's localization net: conv, max-pool, ``ReLU(True)``, twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 8, 7),
+            torch.nn.MaxPool2d(2),
+            torch.nn.ReLU(True),
+            torch.nn.Conv2d(8, 10, 5),
+            torch.nn.MaxPool2d(2),
+            torch.nn.ReLU(True),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@pytest.mark.slow
+def test_upstream_xnnpack_misreads_an_unannotated_in_place_relu() -> None:
+    """ExecuTorch 1.5.1's XNNPACK quantizer leaves ``relu_`` unannotated: its input and output
+    get different quantization parameters, and XNNPACK's int8 clamp reads one as the other (over
+    half the output's range off the quantized model). ``functional_activations`` gives it the
+    ``relu`` the quantizer shares parameters across: then the program matches the model."""
+    torch.manual_seed(0)
+    inputs = (torch.randn(2, 1, 28, 28),)
+    exported = torch.export.export(InPlaceReluNet().eval(), inputs, strict=True)
+    reference, out = _xnnpack_lower(exported, inputs)
+    assert (out - reference).abs().max() > 0.25 * reference.abs().max()
+    normalized, report = normalize_program(exported, inputs)
+    assert report.steps["functional_activations"] == 2
+    reference, out = _xnnpack_lower(normalized, inputs)
+    assert (out - reference).abs().max() < 1e-6
 
 
 @pytest.mark.slow
@@ -240,12 +291,19 @@ class InPlaceActivation(torch.nn.Module):
         return F.grid_sample(F.relu(self.norm(self.conv(image)), inplace=True), grid)
 
 
-def test_an_in_place_activation_alone_is_not_functionalized() -> None:
-    """A hand-written ``relu(inplace=True)`` writes a value nothing else sees: the graph stays
-    as the quantizers know it (functionalizing would also turn ``batch_norm`` into
+def test_an_in_place_activation_takes_its_functional_form_and_nothing_else_changes() -> None:
+    """A hand-written ``relu(inplace=True)`` becomes ``relu`` (the quantizers' patterns name
+    the functional op; XNNPACK's quantizer leaves ``relu_`` unannotated), without the whole
+    graph's functionalization (which would turn ``batch_norm`` into
     ``_native_batch_norm_legit_no_training``)."""
     inputs = (torch.rand(1, 3, 6, 8), torch.rand(1, 4, 5, 2) * 2 - 1)
-    exported = torch.export.export(InPlaceActivation().eval(), inputs, strict=True)
+    model = InPlaceActivation().eval()
+    exported = torch.export.export(model, inputs, strict=True)
     assert "aten::relu_" in _ops(exported)
     normalized, report = normalize_program(exported, inputs)
-    assert normalized is exported and not report.changed
+    ops = _ops(normalized)
+    assert "aten::relu_" not in ops and "aten::relu" in ops
+    assert "aten::batch_norm" in ops and "aten::_native_batch_norm_legit_no_training" not in ops
+    assert report.steps["functional_activations"] == 1 and report.steps["functionalize"] == 0
+    with torch.no_grad():
+        assert torch.equal(normalized.module()(*inputs), model(*inputs))

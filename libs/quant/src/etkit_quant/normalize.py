@@ -10,8 +10,13 @@ what it computes (each is tested for exact equality on the float model):
 
 - ``functionalize``: in-place ops (``copy_``, ``add_``, ``mul_``, ...) become their functional
   forms (``torch.export``'s own functionalization, no decomposition) when one writes a value
-  another node can see (a view's base, a buffer); an in-place activation on a fresh tensor
-  only it reads (``relu(inplace=True)``) needs none;
+  another node can see (a view's base, a buffer);
+- ``functional_activations``: an in-place op on a fresh tensor only it reads (a hand-written
+  ``relu(inplace=True)``) takes its functional overload in place, and nothing else changes.
+  The quantizers' patterns name the functional ops: ExecuTorch 1.5.1's XNNPACK quantizer
+  leaves ``relu_`` unannotated, its input and output get different quantization parameters,
+  and XNNPACK's int8 clamp then reads one as the other (the STN tutorial's localization net
+  came out 8.5 dB from the quantized model);
 - ``drop_metadata_asserts``: ``aten._assert_tensor_metadata`` nodes (what ``.to()`` leaves)
   are removed, and ``.to()`` conversions that change neither dtype nor device are bypassed;
 - ``fold_constants``: every subgraph that depends on no graph input (a fixed matrix's inverse, a
@@ -153,6 +158,7 @@ def normalize_program(
         program = program.run_decompositions({})  # functionalization only: decomposes nothing
     report.record("functionalize", mutating)
     module: GraphModule = program.module(check_guards=False)
+    report.record("functional_activations", functional_activations(module))
     report.record("drop_metadata_asserts", drop_metadata_asserts(module))
     report.record("fold_constants", fold_constants(module))
     report.record("tensor_scalars", tensor_scalars(module))
@@ -174,7 +180,8 @@ def _mutates(node: Node) -> bool:
 def _writes_own_value(node: Node) -> bool:
     """Whether an in-place op writes a value nothing else can see: a fresh tensor (not an
     input, a buffer or a view of another tensor) that only this op reads, as a hand-written
-    ``relu(inplace=True)`` does. Such ops stay as they are; the quantizers know them."""
+    ``relu(inplace=True)`` does. Such ops need no functionalization: ``functional_activations``
+    gives them their functional overload."""
     target = node.args[0] if node.args else None
     if not isinstance(target, Node) or target.op != "call_function" or len(target.users) != 1:
         return False
@@ -182,6 +189,38 @@ def _writes_own_value(node: Node) -> bool:
     if schema is None or schema.is_mutable:
         return False
     return all(r.alias_info is None for r in schema.returns)
+
+
+def _functional_overload(node: Node) -> Any | None:
+    """The functional form of an in-place ATen op (``aten.relu_.default`` ->
+    ``aten.relu.default``), or ``None`` where there is none with the same arguments."""
+    schema = getattr(node.target, "_schema", None)
+    packet_name = schema.name.split("::")[-1] if schema is not None else ""
+    if not packet_name.endswith("_") or not schema.name.startswith("aten::"):
+        return None
+    packet = getattr(aten, packet_name[:-1], None)
+    overload = getattr(packet, schema.overload_name or "default", None)
+    functional = getattr(overload, "_schema", None)
+    if functional is None or functional.is_mutable:
+        return None
+    if [a.name for a in functional.arguments] != [a.name for a in schema.arguments]:
+        return None
+    return overload
+
+
+def functional_activations(module: GraphModule) -> list[str]:
+    """Gives each in-place op that writes a value only it reads (see ``_writes_own_value``)
+    its functional overload: the same value, in the form the quantizers' patterns match.
+    Returns the names of the rewritten nodes."""
+    rewritten: list[str] = []
+    for node in module.graph.nodes:
+        if not _mutates(node) or not _writes_own_value(node):
+            continue
+        functional = _functional_overload(node)
+        if functional is not None:
+            node.target = functional
+            rewritten.append(node.name)
+    return rewritten
 
 
 def _value(node: object) -> torch.Tensor | None:
