@@ -195,8 +195,10 @@ def _functional_overload(node: Node) -> Any | None:
     """The functional form of an in-place ATen op (``aten.relu_.default`` ->
     ``aten.relu.default``), or ``None`` where there is none with the same arguments."""
     schema = getattr(node.target, "_schema", None)
-    packet_name = schema.name.split("::")[-1] if schema is not None else ""
-    if not packet_name.endswith("_") or not schema.name.startswith("aten::"):
+    if schema is None or not schema.name.startswith("aten::"):
+        return None
+    packet_name = schema.name.split("::")[-1]
+    if not packet_name.endswith("_"):
         return None
     packet = getattr(aten, packet_name[:-1], None)
     overload = getattr(packet, schema.overload_name or "default", None)

@@ -12,6 +12,7 @@ from torchao.quantization.pt2e.quantizer import Quantizer
 
 from etkit_quant.boundary import BoundaryQuantizer
 from etkit_quant.calibration import OnSample, check_calibration
+from etkit_quant.requantize import requantize_shared_inputs
 
 
 def _check_example_inputs(example_inputs: object, what: str) -> tuple[torch.Tensor, ...]:
@@ -35,7 +36,8 @@ def quantize(
     """Exports ``model`` (strict), prepares it with ``quantizer``, runs it on each tuple of
     ``calibration`` (the example inputs when ``None``) and converts it. Returns the converted
     graph module, with quantize/dequantize nodes. ``on_sample(done, total)`` is called after
-    each calibration sample (for a progress bar).
+    each calibration sample (for a progress bar). Ops that backends compute on the integers
+    themselves read their inputs in their output's parameters (``requantize_shared_inputs``).
 
     Every calibration sample is checked before any work (``check_calibration``: a tuple of
     finite tensors with the example inputs' count, shapes and dtypes; the error names the sample
@@ -66,4 +68,5 @@ def quantize(
             if on_sample is not None:
                 on_sample(done, len(samples))
     converted: GraphModule = convert_pt2e(prepared)
+    requantize_shared_inputs(converted)  # exact: the converted model's values do not change
     return converted

@@ -1,0 +1,131 @@
+"""``requantize_shared_inputs``: ops that backends compute on the integers themselves (a
+``cat``, a reshape, a max-pool) read every input in their output's quantization parameters.
+
+A quantized graph can hold such an op between dequantizes and a quantize with different
+parameters: a ``cat`` of a frame's features (scale 1/127) and a flow (scale 0.00293), when the
+quantizer ties the ``cat``'s inputs together but one input's parameters are fixed elsewhere (a
+boundary, a coordinate input). PyTorch computes it in float, so the quantized model is right.
+ExecuTorch 1.5.1's Arm backend folds the dequantizes into the op and concatenates the int8
+values as they are (TOSA ``CONCAT``, no ``RESCALE``): the flow's integers are read at 1/127,
+2.7 times too large, and RAFT's second flow update came out 27 dB from the quantized model.
+
+The rewrite inserts, on each such input, a quantize to the output's parameters and its
+dequantize. The ops in ``SHARED_PARAMETER_OPS`` move, select or order values and nothing else
+(``relu`` and ``max_pool2d`` included: quantization is monotonic and maps 0 to the zero point),
+so quantizing before them gives exactly what quantizing after gives: the quantized model's
+values do not change (tested for equality), and the backend sees a plain requantize
+(``dq -> q``, a TOSA ``RESCALE``) in front of an op whose inputs and output agree.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import torch
+from torch.fx import GraphModule, Node
+
+from etkit_quant.graph import is_dequantize, is_quantize, operator_name
+
+logger = logging.getLogger(__name__)
+
+# ATen ops whose integer result is the integer input moved, selected or ordered (in the
+# output's parameters): what a backend lowers without a rescale.
+SHARED_PARAMETER_OPS: Final = frozenset(
+    {
+        "aten::cat",
+        "aten::concat",
+        "aten::concatenate",
+        "aten::stack",
+        "aten::view",
+        "aten::reshape",
+        "aten::_unsafe_view",
+        "aten::flatten",
+        "aten::permute",
+        "aten::transpose",
+        "aten::t",
+        "aten::squeeze",
+        "aten::unsqueeze",
+        "aten::expand",
+        "aten::repeat",
+        "aten::slice",
+        "aten::select",
+        "aten::narrow",
+        "aten::clone",
+        "aten::contiguous",
+        "aten::pixel_shuffle",
+        "aten::pixel_unshuffle",
+        "aten::max_pool2d",
+        "aten::relu",
+    }
+)
+_PER_TENSOR_ARGS: Final = 5  # scale, zero_point, quant_min, quant_max, dtype
+
+
+def _parameters(node: Node) -> tuple[Any, ...] | None:
+    """The (scale, zero point, min, max, dtype) of a per-tensor quantize or dequantize node."""
+    if "per_tensor" not in operator_name(node.target):
+        return None
+    params = tuple(node.args[1 : 1 + _PER_TENSOR_ARGS])
+    if len(params) != _PER_TENSOR_ARGS or not all(
+        isinstance(p, (int, float, torch.dtype)) for p in params
+    ):
+        return None  # parameters held in tensors: not compared here
+    return params
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return a[1:] == b[1:] and float(a[0]) == float(b[0])
+
+
+def _op_name(node: Node) -> str:
+    """``"aten::view"`` for ``aten.view.default`` and the edge dialect's ``aten.view_copy``."""
+    return operator_name(node.target).split(".")[0].removesuffix("_copy")
+
+
+def _tensor_inputs(node: Node) -> list[Node]:
+    inputs: list[Node] = []
+    for arg in node.args:
+        candidates = arg if isinstance(arg, (list, tuple)) else [arg]
+        inputs.extend(a for a in candidates if isinstance(a, Node) and a not in inputs)
+    return inputs
+
+
+def requantize_shared_inputs(model: GraphModule) -> list[str]:
+    """Inserts ``quantize``/``dequantize`` in the output's parameters before each input of an op
+    of ``SHARED_PARAMETER_OPS`` that is dequantized with other parameters, where every user of
+    the op quantizes its output with one set of parameters. Returns the names of the ops whose
+    inputs were requantized; the graph is recompiled when there are any."""
+    rewritten: list[str] = []
+    for node in list(model.graph.nodes):
+        if node.op != "call_function" or _op_name(node) not in SHARED_PARAMETER_OPS:
+            continue
+        users = list(node.users)
+        if not users or not all(is_quantize(u) for u in users):
+            continue
+        outputs = [_parameters(u) for u in users]
+        out = outputs[0]
+        if out is None or not all(o is not None and _same(o, out) for o in outputs):
+            continue
+        changed = False
+        for source in _tensor_inputs(node):
+            params = _parameters(source) if is_dequantize(source) else None
+            if params is None or _same(params, out):
+                continue
+            quantize, dequantize = users[0].target, source.target
+            assert callable(quantize) and callable(dequantize)  # call_function nodes
+            with model.graph.inserting_before(node):
+                q = model.graph.call_function(quantize, (source, *out))
+                dq = model.graph.call_function(dequantize, (q, *out))
+            if "val" in source.meta:
+                dq.meta["val"] = source.meta["val"]
+            q.meta["stack_trace"] = dq.meta["stack_trace"] = node.meta.get("stack_trace")
+            node.replace_input_with(source, dq)
+            changed = True
+        if changed:
+            rewritten.append(node.name)
+    if rewritten:
+        logger.info("requantized inputs to their output's parameters: %s", ", ".join(rewritten))
+        model.graph.lint()
+        model.recompile()
+    return rewritten

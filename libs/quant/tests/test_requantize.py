@@ -1,0 +1,117 @@
+"""``requantize_shared_inputs``: every op that backends compute on the integers themselves
+reads its inputs in its output's parameters, and the quantized model's values do not change."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from executorch.backends.arm.quantizer import VgfQuantizer, get_symmetric_quantization_config
+from executorch.backends.arm.vgf import VgfCompileSpec
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+    XNNPACKQuantizer,
+)
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+    get_symmetric_quantization_config as xnnpack_config,
+)
+from quant_models import qparams_of
+from torch.fx import GraphModule, Node
+
+from etkit_quant import BoundaryQuantizer, fixed, is_dequantize, is_quantize, quantize, snorm8
+from etkit_quant.requantize import SHARED_PARAMETER_OPS, requantize_shared_inputs
+
+
+class LookupThenUpdate(torch.nn.Module):
+    """RAFT's update step: correlation lookups (one row of values per pixel) reshaped into
+    channels, concatenated with the flow (its own fine scale, as a coordinate input or a
+    boundary gives it) and context features, then a conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(9 + 9 + 2 + 8, 4, 3, padding=1)
+
+    def forward(
+        self, s0: torch.Tensor, s1: torch.Tensor, flow: torch.Tensor, context: torch.Tensor
+    ) -> torch.Tensor:
+        n, _, h, w = flow.shape
+        lookups = torch.cat([s0.view(n, h, w, -1), s1.view(n, h, w, -1)], dim=-1)
+        corr = lookups.permute(0, 3, 1, 2)
+        return self.conv(torch.cat([corr, flow, context], 1))
+
+
+# the module, not the function the package exports under its name
+quantize_module = importlib.import_module("etkit_quant.quantize")
+FLOW = fixed(0.00293, 0, torch.int8, -127, 127)
+
+
+def _inputs() -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(1)
+    return (
+        (torch.rand(64, 1, 3, 3, generator=g) * 2 - 1) * 0.5,
+        (torch.rand(64, 1, 3, 3, generator=g) * 2 - 1) * 0.5,
+        (torch.rand(1, 2, 8, 8, generator=g) * 2 - 1) * 0.35,
+        torch.rand(1, 8, 8, 8, generator=g),
+    )
+
+
+def _base(target: str) -> object:
+    if target == "vgf":
+        vgf = VgfQuantizer(VgfCompileSpec())
+        vgf.set_global(get_symmetric_quantization_config())
+        return vgf
+    return XNNPACKQuantizer().set_global(xnnpack_config())
+
+
+def _quantize(target: str, model: torch.nn.Module) -> GraphModule:
+    quantizer = BoundaryQuantizer(
+        _base(target),  # type: ignore[arg-type]
+        input_qspecs=(snorm8(), snorm8(), FLOW, snorm8()),
+        output_qspecs=(None,),  # the update computed in float: the cat's output int8 1/127
+    )
+    return quantize(model, _inputs(), quantizer)
+
+
+def _mismatches(gm: GraphModule) -> list[str]:
+    """Shared-parameter ops with a dequantized input in other parameters than the quantize
+    of their output."""
+    found = []
+    for node in gm.graph.nodes:
+        name = node.target.name() if hasattr(node.target, "name") else ""
+        if node.op != "call_function" or name.split(".")[0] not in SHARED_PARAMETER_OPS:
+            continue
+        users = list(node.users)
+        if not users or not all(is_quantize(u) for u in users):
+            continue
+        out = qparams_of(users[0])
+        inputs: list[Node] = [a for a in node.all_input_nodes if is_dequantize(a)]
+        found += [f"{node.name} reads {a.name}" for a in inputs if qparams_of(a) != out]
+    return found
+
+
+@pytest.mark.parametrize("target", ["vgf", "xnnpack"])
+def test_shared_parameter_ops_read_their_inputs_in_their_output_parameters(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flow enters the ``cat`` at its own scale (0.00293) while the ``cat`` writes 1/127:
+    without the rewrite the graph holds that mismatch (the Arm backend then concatenated the
+    integers as they are); with it, none, and the quantized model computes the same values
+    exactly."""
+    model = LookupThenUpdate().eval()
+    monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm: [])
+    before = _quantize(target, model)
+    if target == "vgf":  # the XNNPACK quantizer requantizes this cat's inputs itself
+        assert any(m.startswith("cat") for m in _mismatches(before)), _mismatches(before)
+    monkeypatch.undo()
+    after = _quantize(target, model)
+    assert _mismatches(after) == []
+    with torch.no_grad():
+        assert torch.equal(after(*_inputs()), before(*_inputs()))
+
+
+def test_rewrite_reports_the_ops_and_is_idempotent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm: [])
+    gm = _quantize("vgf", LookupThenUpdate().eval())
+    rewritten = requantize_shared_inputs(gm)
+    assert rewritten and all(name.startswith("cat") for name in rewritten), rewritten
+    assert requantize_shared_inputs(gm) == []
