@@ -519,3 +519,31 @@ def test_an_image_arriving_in_float_takes_the_samplers_qspec() -> None:
         grid_sampler_image_from_producer=True,
     )
     assert _image_reads(gm) == [(*expected(qformat(5)), False), (*expected(qformat(6)), False)]
+
+
+class ConvReluHead(torch.nn.Module):
+    """A head whose float output is a ReLU the base fused with its conv (a depth map)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(image))
+
+
+@pytest.mark.parametrize("base", [vgf_base, xnnpack_base])
+def test_a_float_output_fused_with_its_conv_leaves_the_conv_integer(base: object) -> None:
+    """The ReLU computes in float; the conv it was fused with quantizes its own output (before,
+    it kept integer inputs and no output parameters: the Arm lowering refused it, "No output
+    quantization parameter found in node aten_convolution_default")."""
+    gm = run_on(base(), ConvReluHead(), (rand(1, 3, 8, 8),), output_qspecs=(None,))  # type: ignore[operator]
+    (conv,) = _convs(gm)
+    assert is_dequantize(conv.args[0])
+    assert "dequantize" in str(conv.args[1].target)  # type: ignore[union-attr]  # int8 weights
+    (quantize_output,) = conv.users
+    assert is_quantize(quantize_output)
+    (dequantize_output,) = quantize_output.users
+    (relu,) = dequantize_output.users
+    assert relu.target == torch.ops.aten.relu.default
+    assert [u.op for u in relu.users] == ["output"]

@@ -345,6 +345,7 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             # quantization parameter found"; add/sub: mismatched dtypes).
             annotation.input_qspec_map = {}
             self._mark_arm(node, quantized=False)
+            self._unfuse_producers(node, base_output)
             return True
         self._mark_arm(node, quantized=True)
         self._share_with_consumers(node, qspec)
@@ -353,6 +354,30 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         ):
             self._share_with_inputs(node, qspec)
         return False
+
+    def _unfuse_producers(self, node: Node, base_output: QuantizationSpecBase | None) -> None:
+        """``node`` now computes in float; an op the base fused with it (a conv before its ReLU:
+        quantized inputs, no output qspec of its own, ``node`` quantizing for both) would be
+        left with integer inputs and no output parameters, which the Arm lowering refuses ("No
+        output quantization parameter found"). It quantizes its own output with the qspec the
+        base gave ``node`` (an observer: it observes the op's own range), so the op stays
+        integer and only ``node`` runs in float; without such a qspec it computes in float too."""
+        for source in node.all_input_nodes:
+            annotation = source.meta.get(ANNOTATION_KEY)
+            if source.op != "call_function" or annotation is None:
+                continue
+            if annotation.output_qspec is not None or not any(
+                q is not None for q in annotation.input_qspec_map.values()
+            ):
+                continue
+            if isinstance(base_output, QuantizationSpec) and not is_fixed(base_output):
+                annotation.output_qspec = base_output
+                logger.debug("%s quantizes its own output: %s is float", source.name, node.name)
+                continue
+            annotation.input_qspec_map = {}
+            self._mark_arm(source, quantized=False)
+            mark_float(source, USER_CHOICE)
+            self._unfuse_producers(source, None)
 
     def _share_with_consumers(self, node: Node, qspec: QuantizationSpec) -> None:
         """Consumers that quantize ``node``'s output read it with ``qspec``, so that PT2E's
