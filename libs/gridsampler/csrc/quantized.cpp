@@ -179,37 +179,94 @@ void grid_sample_quantized_scalar(const View4<const int8_t>& image, const View4<
   }
 }
 
+namespace {
+
+// The dispatch table: the vectorized kernels, in the order they are tried; the first whose
+// instruction set the call allows and the CPU has, and whose `applies` holds for the layout and
+// the plan, runs the rows (docs/kernels.md lists which one serves each mode, layout and channel
+// count). None: the scalar kernel.
+template <typename GridT, typename OutT>
+struct Kernel {
+  Isa isa;           // the instruction set it needs
+  const char* name;  // for docs/kernels.md
+  bool (*applies)(const View4<const int8_t>&, const View4<OutT>&, const QuantizedPlan&);
+  void (*run)(const View4<const int8_t>&, const View4<const GridT>&, const View4<OutT>&,
+              const QuantizedPlan&, int64_t, int64_t);
+};
+
+#ifdef ETKIT_X86_BUILD
+template <typename GridT, typename OutT, bool kAvx512>
+void run_x86(const View4<const int8_t>& image, const View4<const GridT>& grid,
+             const View4<OutT>& output, const QuantizedPlan& plan, int64_t row_begin,
+             int64_t row_end) {
+  grid_sample_quantized_x86(image, grid, output, plan, row_begin, row_end, kAvx512);
+}
+
+template <typename OutT, bool kAvx512>
+bool any_applies(const View4<const int8_t>& image, const View4<OutT>& output,
+                 const QuantizedPlan& plan) {
+  return x86_any_applies(image, output, plan, kAvx512);
+}
+
+template <typename GridT, typename OutT, bool kAvx512>
+void run_any(const View4<const int8_t>& image, const View4<const GridT>& grid,
+             const View4<OutT>& output, const QuantizedPlan& plan, int64_t row_begin,
+             int64_t row_end) {
+  grid_sample_quantized_x86_any(image, grid, output, plan, row_begin, row_end, kAvx512);
+}
+#endif
+
+template <typename GridT, typename OutT>
+constexpr Kernel<GridT, OutT> kKernels[] = {
+#if defined(__aarch64__)
+    {Isa::kNeon, "neon", neon_kernel_applies<OutT>, grid_sample_quantized_neon<GridT, OutT>},
+#endif
+#ifdef ETKIT_X86_BUILD
+    // bilinear 4-channel channels-last (quantized_x86.cpp)
+    {Isa::kAvx512, "x86_quads_avx512", x86_kernel_applies<OutT>, run_x86<GridT, OutT, true>},
+    {Isa::kAvx2, "x86_quads_avx2", x86_kernel_applies<OutT>, run_x86<GridT, OutT, false>},
+    // every other mode and layout (quantized_x86_any.cpp)
+    {Isa::kAvx512, "x86_any_avx512", any_applies<OutT, true>, run_any<GridT, OutT, true>},
+    {Isa::kAvx2, "x86_any_avx2", any_applies<OutT, false>, run_any<GridT, OutT, false>},
+#endif
+    // the scalar kernel, which runs where no entry above applies (and an entry on every
+    // architecture, so that the table is never empty)
+    {Isa::kScalar, "scalar", nullptr, nullptr},
+};
+
+// Whether a call capped at `isa` may run a kernel of `kernel`: kAuto any the CPU has, kAvx512
+// also AVX2's, every other one itself.
+bool allows(Isa isa, Isa kernel) {
+  if (isa == Isa::kScalar || kernel == Isa::kScalar || !cpu_supports(kernel)) {
+    return false;
+  }
+  return isa == Isa::kAuto || isa == kernel || (isa == Isa::kAvx512 && kernel == Isa::kAvx2);
+}
+
+template <typename GridT, typename OutT>
+const Kernel<GridT, OutT>* select_kernel(const View4<const int8_t>& image,
+                                         const View4<OutT>& output, const QuantizedPlan& plan,
+                                         Isa isa) {
+  for (const Kernel<GridT, OutT>& kernel : kKernels<GridT, OutT>) {
+    if (kernel.run != nullptr && allows(isa, kernel.isa) &&
+        kernel.applies(image, output, plan)) {
+      return &kernel;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 template <typename GridT, typename OutT>
 void grid_sample_quantized(const View4<const int8_t>& image, const View4<const GridT>& grid,
                            const View4<OutT>& output, const QuantizedPlan& plan,
                            int64_t row_begin, int64_t row_end, Isa isa) {
-#if defined(__aarch64__)
-  // NEON where it applies; the scalar kernel elsewhere.
-  if (isa != Isa::kScalar && neon_kernel_applies(image, output, plan)) {
-    grid_sample_quantized_neon(image, grid, output, plan, row_begin, row_end);
-    return;
+  if (const auto* kernel = select_kernel<GridT, OutT>(image, output, plan, isa)) {
+    kernel->run(image, grid, output, plan, row_begin, row_end);
+  } else {
+    grid_sample_quantized_scalar(image, grid, output, plan, row_begin, row_end);
   }
-#endif
-#ifdef ETKIT_X86_BUILD
-  // The vectorized kernel where it applies (it checks the CPU); the scalar kernel elsewhere.
-  if (isa != Isa::kScalar && x86_kernel_applies(image, output, plan)) {
-    grid_sample_quantized_x86(image, grid, output, plan, row_begin, row_end,
-                              isa == Isa::kAuto || isa == Isa::kAvx512);
-    return;
-  }
-  // Every other mode and layout: AVX-512 where asked for (or best) and there, else AVX2 (which
-  // also serves channel counts the AVX-512 passes do not).
-  if (isa != Isa::kScalar) {
-    const bool avx512 = (isa == Isa::kAuto || isa == Isa::kAvx512) && avx512_supported();
-    for (const bool wide : {avx512, false}) {
-      if (x86_any_applies(image, output, plan, wide)) {
-        grid_sample_quantized_x86_any(image, grid, output, plan, row_begin, row_end, wide);
-        return;
-      }
-    }
-  }
-#endif
-  grid_sample_quantized_scalar(image, grid, output, plan, row_begin, row_end);
 }
 
 namespace {

@@ -52,9 +52,9 @@ const char* plan_quantized(const SampleParams& params, const QuantParams& image,
                            QuantizedPlan* plan);
 
 // The instruction sets the CPU kernel can use. Every one computes the same bits; kAuto picks the
-// best the CPU supports, and the vectorized kernel applies where its layout conditions hold
-// (quantized_x86.h, quantized_neon.h), the scalar kernel elsewhere. kAvx2 and kAvx512 exist on
-// x86 builds, kNeon (AArch64's Advanced SIMD) on AArch64 builds.
+// best the CPU supports, and the vectorized kernels apply where their layout conditions hold
+// (quantized.cpp's dispatch table; docs/kernels.md), the scalar kernel elsewhere. kAvx2 and
+// kAvx512 exist on x86 builds, kNeon (AArch64's Advanced SIMD) on AArch64 builds.
 enum class Isa : int { kAuto = 0, kScalar = 1, kAvx2 = 2, kAvx512 = 3, kNeon = 4 };
 
 // Whether this CPU can run `isa` (kAuto: always true).

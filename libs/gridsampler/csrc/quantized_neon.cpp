@@ -30,6 +30,8 @@
 //      of each int8 value (tbl), or the float32 product.
 //    Step 4 is exact in 16-bit products (see Taps), step 5 the halves-to-even shift of the
 //    scalar requantize in 32-bit lanes where the multiplier is small, else in 64-bit lanes.
+//
+// The kinds, the set-up and the rows loop are quantized_core.h's, shared with the x86 kernels.
 #include "quantized_neon.h"
 
 #if defined(__aarch64__)
@@ -42,6 +44,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "quantized_core.h"
 #include "quantized_forms.h"
 #include "quantized_steps.h"
 
@@ -54,75 +57,20 @@ std::atomic<uint64_t> g_counters[kNeonCounterCount];
 // The vector helpers are inlined into the blocks' loops, whatever the optimization level.
 #define ETKIT_INLINE __attribute__((always_inline))
 
-constexpr int64_t kRun = 256;  // pixels per block (pass 1)
+using core::Coordinates;
+using core::Kind;
+using core::kRun;               // pixels per block (pass 1)
 constexpr int kGroup = 16;     // pixels per group (pass 2)
 
-// ---- pass 1: the plans of each form (derived once per call) ----
+// NEON's coordinate forms (quantized_core.h): the integer form with S >= 1 only (S = 0 runs the
+// exact form), the nearest integer form, and the exact form for int16 grid values with
+// d = q - zero in 32-bit lanes (see ExactRegisters), which must apply (select_kind checks it, for
+// int8 grids too, which read a table); no scalar fallback.
+constexpr core::FormSet kFormSet{false, false, false, 1, -32768, 32767};
 
-// The integer form of Q for an int16 grid with zeros or border padding (quantized_forms.h's
-// AxisInteger derives it): Q = clamp(floor((q * M + C) / 2^S), low, high), M < 2^31, S <= 32, Q
-// within 2^30. This kernel has always taken it with S >= 1 only (S = 0 runs the exact form).
-AxisInteger plan_integer(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
-                         bool int16_grid) {
-  const AxisInteger integer = plan_axis_integer(axis, grid_zero_point, padding, int16_grid);
-  return integer.shift >= 1 ? integer : AxisInteger{};
-}
-
-// The exact form (quantized_forms.h's AxisExact) for int16 grid values, with d = q - zero in
-// 32-bit lanes (see ExactRegisters): |d| < 2^31, so the zero point fits 32 bits too. (int8 grids
-// read a table, but select_kind asks the same of them.)
-AxisExact plan_exact(const AxisPlan& axis, int64_t grid_zero_point, Padding padding,
-                     bool align_corners, bool nearest) {
-  const int64_t max_d =
-      std::max(std::llabs(-32768 - grid_zero_point), std::llabs(32767 - grid_zero_point));
-  if (max_d >= (int64_t(1) << 31)) {
-    return AxisExact{};
-  }
-  return plan_axis_exact(axis, grid_zero_point, padding, align_corners, nearest, -32768, 32767);
-}
-
-// How the second pass reads the image.
-enum class Kind {
-  kPlanar,    // bilinear, image x stride 1 (NCHW, or one channel): lanes are pixels, per plane
-  kStrided,   // bilinear, any other layout: lanes are pixels, per channel, taps read one by one
-  kPixels2,   // bilinear, 2 channels-last: lanes are pixels, per channel
-  kPixels3,   // 3 channels-last
-  kPixels4,   // 4 channels-last
-  kEights,    // bilinear, 8 channels-last: lanes are channels, per pixel
-  kSixteens,  // bilinear, channels-last, a multiple of 16 channels
-  kNearPlanar,
-  kNearStrided,
-  kNear2,
-  kNear3,
-  kNear4,
-  kNear8,
-  kNear16,  // a multiple of 16
-};
-
-enum class Form { kInteger, kNearest, kExact, kTable };
-
-// Everything both passes need, derived once per call.
-struct Setup {
-  Kind kind;
-  Form form;
-  bool nearest;
-  bool pairs;  // the grid is (x, y) pairs, one after the other
-  AxisInteger integer_x, integer_y;
-  AxisNearest nearest_x, nearest_y;
-  AxisExact exact_x, exact_y;
-  alignas(16) int32_t table_x[256];  // int8 grids: the pass 1 result of each grid value
-  alignas(16) int32_t table_y[256];
-  int32_t width, height, channels;
-  int64_t stride_c, stride_y, stride_x;  // image, bytes
+// Everything both passes need, derived once per call (quantized_core.h).
+struct Setup : core::Setup {
   int8_t image_zero;
-  // step 5
-  NarrowRequant narrow;
-  int64_t wide_multiplier, wide_shift;
-  int32_t output_zero;
-  int8_t output_min, output_max;
-  float float_scale;
-  bool identity_table;                    // nearest: each value maps to itself
-  alignas(16) uint8_t output_table[256];  // nearest: the int8 output of each raw value (as uint8)
 };
 
 // Pass 1's result for a block, and each pixel's image plane.
@@ -295,12 +243,12 @@ ETKIT_INLINE inline int32x4_t exact_tap(int32x4_t q, const ExactRegisters& a) {
 
 // Pass 1 for `count` pixels of a run (from `grid`): Q (bilinear) or the pixel index (nearest) of
 // each axis into out->x, out->y, and 0 for the lanes up to the next multiple of 16.
-template <typename GridT, Form kForm, bool kNearest>
+template <typename GridT, Coordinates kForm, bool kNearest>
 __attribute__((noinline)) void coordinates_block(const GridT* grid, int64_t grid_x,
                                                  int64_t grid_axis, int64_t count, const Setup& s,
                                                  Coords* out) {
   const int64_t lanes = (count + kGroup - 1) / kGroup * kGroup;
-  if constexpr (kForm == Form::kTable) {
+  if constexpr (kForm == Coordinates::kTable) {
     int64_t k = 0;
     for (; k < count; ++k) {
       const GridT* const point = grid + k * grid_x;
@@ -320,9 +268,9 @@ __attribute__((noinline)) void coordinates_block(const GridT* grid, int64_t grid
   const ExactRegisters exact_x = exact_registers(s.exact_x);
   const ExactRegisters exact_y = exact_registers(s.exact_y);
   const auto tap = [&](int32x4_t q, bool y) ETKIT_INLINE {
-    if constexpr (kForm == Form::kInteger) {
+    if constexpr (kForm == Coordinates::kInteger) {
       return integer_tap(q, y ? integer_y : integer_x);
-    } else if constexpr (kForm == Form::kNearest) {
+    } else if constexpr (kForm == Coordinates::kNearest) {
       return nearest_tap(q, y ? nearest_y : nearest_x);
     } else {
       return exact_tap<kNearest>(q, y ? exact_y : exact_x);
@@ -340,24 +288,12 @@ __attribute__((noinline)) void coordinates_block(const GridT* grid, int64_t grid
 template <typename GridT>
 void coordinates(const GridT* grid, int64_t grid_x, int64_t grid_axis, int64_t count,
                  const Setup& s, Coords* out) {
-  switch (s.form) {
-    case Form::kTable:
-      coordinates_block<GridT, Form::kTable, false>(grid, grid_x, grid_axis, count, s, out);
-      return;
-    case Form::kInteger:
-      coordinates_block<GridT, Form::kInteger, false>(grid, grid_x, grid_axis, count, s, out);
-      return;
-    case Form::kNearest:
-      coordinates_block<GridT, Form::kNearest, true>(grid, grid_x, grid_axis, count, s, out);
-      return;
-    case Form::kExact:
-      if (s.nearest) {
-        coordinates_block<GridT, Form::kExact, true>(grid, grid_x, grid_axis, count, s, out);
-      } else {
-        coordinates_block<GridT, Form::kExact, false>(grid, grid_x, grid_axis, count, s, out);
-      }
-      return;
-  }
+  using C = Coordinates;
+  core::with_form<GridT, C::kTable, C::kInteger, C::kNearest, C::kExact>(
+      s.coordinates, s.nearest, [&](auto form, auto nearest) {
+        coordinates_block<GridT, decltype(form)::value, decltype(nearest)::value>(
+            grid, grid_x, grid_axis, count, s, out);
+      });
 }
 
 // ---- pass 2: shared pieces ----
@@ -393,8 +329,8 @@ Finish finish_registers(const Setup& s) {
   f.narrow_shift = vdupq_n_s32(static_cast<int32_t>(-s.narrow.shift));
   f.wide_multiplier = vdupq_n_s32(static_cast<int32_t>(s.wide_multiplier));
   f.wide_shift = vdupq_n_s64(-s.wide_shift);
-  f.zero_point = s.output_zero != 0;
-  f.output_zero = vdupq_n_s16(static_cast<int16_t>(s.output_zero));
+  f.zero_point = s.output_zero_point != 0;
+  f.output_zero = vdupq_n_s16(static_cast<int16_t>(s.output_zero_point));
   f.output_min = vdupq_n_s8(s.output_min);
   f.output_max = vdupq_n_s8(s.output_max);
   f.clamp = s.output_min > -128 || s.output_max < 127;
@@ -1192,112 +1128,47 @@ __attribute__((noinline)) void nearest_block(const Coords& c, int64_t count, con
 
 // ---- the driver ----
 
-// Which second pass applies, if any (see neon_kernel_applies).
+// Which second pass applies, if any (see neon_kernel_applies): every layout's own kind.
 template <typename OutT>
 bool select_kind(const View4<const int8_t>& image, const View4<OutT>& output,
                  const QuantizedPlan& plan, Kind* kind) {
-  const int64_t channels = image.sizes[1], height = image.sizes[2], width = image.sizes[3];
+  const core::Layout l = core::layout_of(image, output);
   const int64_t* const is = image.strides;
-  const int64_t* const os = output.strides;
-  if (height >= (1 << 15) || width >= (1 << 15) || plan.image_zero_point < -128 ||
-      plan.image_zero_point > 127) {
-    return false;
-  }
-  for (int d = 0; d < 4; ++d) {
-    if (is[d] < 0 || os[d] < 0) {
-      return false;
-    }
-  }
   // the offsets of a plane's pixels, y * stride_y + x * stride_x, in 32-bit lanes
-  if (height * is[2] + width * is[3] >= (int64_t(1) << 31)) {
+  if (!core::vector_limits_hold<OutT>(l, plan) ||
+      l.height * is[2] + l.width * is[3] >= (int64_t(1) << 31)) {
     return false;
-  }
-  if constexpr (std::is_same_v<OutT, int8_t>) {
-    if (!(plan.requant_shift >= 32 && plan.requant_shift <= 62 && plan.output_min >= -128 &&
-          plan.output_max <= 127 && plan.output_zero_point >= -32768 &&
-          plan.output_zero_point <= 32767 && plan.requant_multiplier > 0 &&
-          plan.requant_multiplier < (int64_t(1) << 31))) {
-      return false;
-    }
   }
   // steps 1 and 2 in vector lanes: the exact form must apply to int16 grids (it does wherever
   // the grid's zero point lies within int16); int8 grids read a table
   const bool nearest = plan.params.mode == Mode::kNearest;
   for (const AxisPlan* axis : {&plan.x, &plan.y}) {
-    if (!plan_exact(*axis, plan.grid_zero_point, plan.params.padding, plan.params.align_corners,
-                    nearest)
-             .applies) {
+    if (!core::plan_exact<int16_t>(*axis, plan, nearest, kFormSet).applies) {
       return false;
     }
   }
-  const bool planar = is[3] == 1 && os[3] == 1;
-  const bool channels_last = is[1] == 1 && is[3] == channels && os[1] == 1 && os[3] == channels;
-  if (planar) {
-    *kind = nearest ? Kind::kNearPlanar : Kind::kPlanar;
-  } else if (channels_last && channels == 2) {
-    *kind = nearest ? Kind::kNear2 : Kind::kPixels2;
-  } else if (channels_last && channels == 3) {
-    *kind = nearest ? Kind::kNear3 : Kind::kPixels3;
-  } else if (channels_last && channels == 4) {
-    *kind = nearest ? Kind::kNear4 : Kind::kPixels4;
-  } else if (channels_last && channels == 8) {
-    *kind = nearest ? Kind::kNear8 : Kind::kEights;
-  } else if (channels_last && channels % 16 == 0) {
-    *kind = nearest ? Kind::kNear16 : Kind::kSixteens;
-  } else {
-    *kind = nearest ? Kind::kNearStrided : Kind::kStrided;
-  }
+  *kind = core::natural_kind(l, nearest);
   return true;
 }
 
 template <typename GridT, typename OutT>
 void make_setup(const View4<const int8_t>& image, const View4<const GridT>& grid,
                 const QuantizedPlan& p, Kind kind, Setup* s) {
-  constexpr bool kInt16 = std::is_same_v<GridT, int16_t>;
-  const Padding padding = p.params.padding;
-  s->kind = kind;
-  s->nearest = p.params.mode == Mode::kNearest;
-  s->pairs = grid.strides[2] == 2 && grid.strides[3] == 1;
-  s->integer_x = plan_integer(p.x, p.grid_zero_point, padding, kInt16);
-  s->integer_y = plan_integer(p.y, p.grid_zero_point, padding, kInt16);
-  s->nearest_x = plan_axis_nearest(p.x, p.grid_zero_point, padding);
-  s->nearest_y = plan_axis_nearest(p.y, p.grid_zero_point, padding);
-  s->exact_x = plan_exact(p.x, p.grid_zero_point, padding, p.params.align_corners, s->nearest);
-  s->exact_y = plan_exact(p.y, p.grid_zero_point, padding, p.params.align_corners, s->nearest);
-  if (!kInt16) {
-    s->form = Form::kTable;
-    fill_axis_tables(p, s->nearest, s->table_x, s->table_y);
-  } else if (!s->nearest && s->integer_x.applies && s->integer_y.applies) {
-    s->form = Form::kInteger;
-  } else if (s->nearest && s->nearest_x.applies && s->nearest_y.applies) {
-    s->form = Form::kNearest;
-  } else {
-    s->form = Form::kExact;  // select_kind checks that it applies
-  }
-  s->channels = static_cast<int32_t>(image.sizes[1]);
-  s->height = static_cast<int32_t>(image.sizes[2]);
-  s->width = static_cast<int32_t>(image.sizes[3]);
-  s->stride_c = image.strides[1];
-  s->stride_y = image.strides[2];
-  s->stride_x = image.strides[3];
+  core::make_setup<GridT, OutT>(image, grid, p, kind, kFormSet, s);
   s->image_zero = static_cast<int8_t>(p.image_zero_point);
-  constexpr bool kFloatOutput = std::is_same_v<OutT, float>;
-  s->narrow = kFloatOutput ? NarrowRequant{false, 1, 1}
-                           : narrow_requant(p.requant_multiplier, p.requant_shift);
-  s->wide_multiplier = kFloatOutput ? 1 : p.requant_multiplier;
-  s->wide_shift = kFloatOutput ? 1 : p.requant_shift;
-  s->output_zero = static_cast<int32_t>(p.output_zero_point);
-  s->output_min = static_cast<int8_t>(std::max<int64_t>(p.output_min, -128));
-  s->output_max = static_cast<int8_t>(std::min<int64_t>(p.output_max, 127));
-  s->float_scale = p.float_output_scale;
-  s->identity_table = true;
-  for (int v = -128; v < 128; ++v) {
-    const int8_t q =
-        kFloatOutput
-            ? static_cast<int8_t>(v)
-            : steps::requantize((v - p.image_zero_point) * (int64_t(1) << kWeightBits), p);
-    s->output_table[v & 0xFF] = static_cast<uint8_t>(q);
-    s->identity_table = s->identity_table && q == v;
+}
+
+// The counter of a coordinate form.
+int form_counter(Coordinates form) {
+  switch (form) {
+    case Coordinates::kInteger:
+      return kNeonCoordinatesInteger;
+    case Coordinates::kNearest:
+      return kNeonCoordinatesNearest;
+    case Coordinates::kTable:
+      return kNeonCoordinatesTable;
+    default:
+      return kNeonCoordinatesExact;
   }
 }
 
@@ -1311,13 +1182,13 @@ void second_pass(const Coords& c, int64_t block, const Setup& s, const Finish& f
     case Kind::kStrided:
       bilinear_planes_block<OutT, true>(c, block, s, f, run, first, edge_pixels);
       return;
-    case Kind::kPixels2:
+    case Kind::kPairs:
       bilinear_pixels_block<2, OutT>(c, block, s, f, run, first, edge_pixels);
       return;
-    case Kind::kPixels3:
+    case Kind::kTriples:
       bilinear_pixels_block<3, OutT>(c, block, s, f, run, first, edge_pixels);
       return;
-    case Kind::kPixels4:
+    case Kind::kQuads:
       bilinear_pixels_block<4, OutT>(c, block, s, f, run, first, edge_pixels);
       return;
     case Kind::kEights:
@@ -1347,6 +1218,8 @@ void second_pass(const Coords& c, int64_t block, const Setup& s, const Finish& f
     case Kind::kNear16:
       nearest_block<16, OutT>(c, block, s, f, run, first);
       return;
+    case Kind::kChannels:  // (x86 only)
+      return;
   }
 }
 
@@ -1360,51 +1233,28 @@ void rows_neon(const View4<const int8_t>& image, const View4<const GridT>& grid,
   const Finish f = finish_registers(s);
   const int64_t out_height = grid.sizes[1], out_width = grid.sizes[2];
   const int64_t grid_x = grid.strides[2], grid_axis = grid.strides[3];
-  const int64_t output_x = output.strides[3];
-  // Rows of one batch element that follow each other in the grid and the output are one run; and
-  // where each element's grid and output follow the one before, the whole range is (a correlation
-  // lookup samples 9 x 9 pixels per image): each pixel then carries its element's image offset.
-  const bool flat =
-      grid.strides[1] == out_width * grid_x && output.strides[2] == out_width * output_x;
-  const bool flat_batch = flat && grid.strides[0] == out_height * grid.strides[1] &&
-                          output.strides[0] == out_height * output.strides[2];
-  const int64_t image_n = image.strides[0], per_element = out_height * out_width;
+  const int64_t image_n = image.strides[0];
+  // Where each element's grid and output follow the one before, the whole range is one run:
+  // each pixel then carries its element's image offset (64 bits, from the image's start).
   Coords c;
   uint64_t edge_pixels = 0;
-  for (int64_t row = row_begin; row < row_end;) {
-    const int64_t n = row / out_height, oy = row % out_height;
-    const int64_t rows = flat_batch ? row_end - row
-                                    : (flat ? std::min(row_end, (n + 1) * out_height) - row : 1);
-    const int64_t count = rows * out_width;
-    const GridT* const grid_run = grid.data + n * grid.strides[0] + oy * grid.strides[1];
-    OutT* const output_run = output.data + n * output.strides[0] + oy * output.strides[2];
-    const Run run{image.data, output_run, output.strides[1], output_x};
-    for (int64_t first = 0; first < count; first += kRun) {
-      const int64_t block = std::min(kRun, count - first);
-      coordinates(grid_run + first * grid_x, grid_x, grid_axis, block, s, &c);
-      // each pixel's batch element: n plus the whole elements before it in the run
-      int64_t k = 0, element = (oy * out_width + first) / per_element;
-      if ((element + 1) * per_element - oy * out_width - first >= block) {  // one element
-        const int64x2_t plane = vdupq_n_s64((n + element) * image_n);
-        for (; k < block; k += 2) {
-          vst1q_s64(c.plane + k, plane);
-        }
-      }
-      while (k < block) {
-        const int64_t end = std::min(block, (element + 1) * per_element - oy * out_width - first);
-        for (; k < end; ++k) {
-          c.plane[k] = (n + element) * image_n;
-        }
-        ++element;
-      }
-      second_pass<OutT>(c, block, s, f, run, first, &edge_pixels);
-    }
-    row += rows;
-  }
+  core::for_each_run(
+      grid, output, row_begin, row_end, core::batches_flat(grid, output), [&](const auto& run) {
+        const Run r{image.data, run.out, output.strides[1], output.strides[3]};
+        const auto first_pass = [&](int64_t first, int64_t block, Coords* coords) {
+          coordinates(run.grid + first * grid_x, grid_x, grid_axis, block, s, coords);
+          core::element_offsets(run.n, run.oy, first, block, out_height, out_width, image_n, 0,
+                                block, coords->plane);
+        };
+        const auto second = [&](int64_t first, int64_t block, const Coords& coords) {
+          second_pass<OutT>(coords, block, s, f, r, first, &edge_pixels);
+        };
+        core::run_blocks<false>(run.count, &c, first_pass, second);
+      });
   const int64_t pixels = (row_end - row_begin) * out_width;
   g_counters[kNeonPixels].fetch_add(static_cast<uint64_t>(pixels), std::memory_order_relaxed);
-  g_counters[kNeonCoordinatesInteger + static_cast<int>(s.form)].fetch_add(
-      static_cast<uint64_t>(pixels), std::memory_order_relaxed);
+  g_counters[form_counter(s.coordinates)].fetch_add(static_cast<uint64_t>(pixels),
+                                                    std::memory_order_relaxed);
   g_counters[kNeonEdgePixels].fetch_add(edge_pixels, std::memory_order_relaxed);
 }
 

@@ -146,21 +146,8 @@ ETKIT_AVX2 inline __m128i load4(const int32_t* values) {
 template <typename GridT, typename Fill>
 void with_coordinates(Coordinates coordinates, const Fill& fill) {
   using C = Coordinates;
-  if constexpr (std::is_same_v<GridT, int16_t>) {
-    if (coordinates == C::kSplit) {
-      fill(std::integral_constant<C, C::kSplit>());
-      return;
-    }
-    if (coordinates == C::kInteger) {
-      fill(std::integral_constant<C, C::kInteger>());
-      return;
-    }
-    if (coordinates == C::kFloat) {
-      fill(std::integral_constant<C, C::kFloat>());
-      return;
-    }
-  }
-  fill(std::integral_constant<C, C::kScalar>());
+  core::with_form<GridT, C::kSplit, C::kInteger, C::kFloat, C::kScalar>(
+      coordinates, false, [&](auto form, auto) { fill(form); });
 }
 
 // The block's taps, eight pixels at a time, steps 1 and 2 by `kCoordinates`; `grid` points at
@@ -773,13 +760,7 @@ bool x86_kernel_applies(const View4<const int8_t>& image, const View4<OutT>& out
       (height - 1) * stride_y + width * 4 >= (int64_t(1) << 31)) {
     return false;
   }
-  if constexpr (std::is_same_v<OutT, int8_t>) {
-    return plan.requant_shift >= 32 && plan.requant_shift <= 62 && plan.output_min >= -128 &&
-           plan.output_max <= 127 && plan.output_zero_point >= -32768 &&
-           plan.output_zero_point <= 32767 && plan.requant_multiplier > 0 &&
-           plan.requant_multiplier < (int64_t(1) << 31);
-  }
-  return true;
+  return core::requant_fits_lanes<OutT>(plan);
 }
 
 template <typename GridT, typename OutT>

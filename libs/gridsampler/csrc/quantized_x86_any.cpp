@@ -31,6 +31,9 @@
 //    Step 4 is the byte dot products of quantized_x86.cpp's AVX-512 pass (VNNI) over the lanes
 //    [q00, q01, q10, q11], step 5 its 32-bit requantization where that applies and a 64-bit one
 //    otherwise.
+//
+// The kinds, the set-up and the rows loop are quantized_core.h's; pass 1 is written once for
+// both targets (quantized_x86_pass1.h, over the Avx512 and Avx2 traits below).
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -49,53 +52,17 @@ namespace {
 
 using namespace x86;  // NOLINT: the shared forms (quantized_x86_common.h)
 
-constexpr int64_t kRun = 256;  // pixels per block
-
-// How the second pass reads the image.
-enum class Kind {
-  kPlanar,     // bilinear, one byte per tap (image x stride 1): NCHW, or C = 1
-  kPairs,      // bilinear, 2 channels-last
-  kTriples,    // bilinear, 3 channels-last
-  kEights,     // bilinear, 8 channels-last
-  kSixteens,   // bilinear, channels-last, a multiple of 16 channels
-  kNearPlanar, // nearest, image x stride 1
-  kNear2,
-  kNear3,
-  kNear4,
-  kNear8,
-  kNear16,  // a multiple of 16
-  kChannelsAvx2,  // AVX2: bilinear, channels-last, any channel count from 2
-};
+using core::Kind;
+using core::kRun;
 
 enum class Requant { kFolded, kNarrow, kWide, kFloat };
 
-// Everything both passes need, derived once per call.
-struct Setup {
-  Kind kind;
-  Coordinates coordinates;
-  bool nearest;
-  bool pairs;  // the grid is (x, y) pairs, one after the other
-  AxisInteger integer_x, integer_y;
+// Everything both passes need, derived once per call: the core's set-up and x86's own forms.
+struct Setup : core::Setup {
   AxisSplit split_x, split_y;
   AxisVector float_x, float_y;
-  AxisExact exact_x, exact_y;
-  AxisNearest nearest_x, nearest_y;
-  alignas(64) int32_t table_x[256];  // int8 grids: the pass 1 result of each grid value
-  alignas(64) int32_t table_y[256];
-  int32_t grid_zero_point, image_zero_point;
-  int32_t width, height, channels;
-  int64_t stride_c, stride_y, stride_x;  // image, bytes
-  int64_t extent;                        // image bytes from its start to past its last element
-  // step 5
   Requant requant;
-  NarrowRequant narrow;
   WideSample sample;
-  int64_t wide_multiplier, wide_shift;
-  int32_t output_zero_point;
-  int8_t output_min, output_max;
-  float float_scale;
-  bool identity_table;                 // nearest: the table maps each value to itself
-  alignas(64) int8_t output_table[256];  // nearest: the int8 output of each image value (as uint8)
 };
 
 // Pass 1's result for a block.
@@ -113,9 +80,9 @@ struct Coords {
 
 // Sixteen grid values of each axis (int32 lanes) from `grid` (the block's pixel i onwards).
 template <typename GridT>
-ETKIT_AVX512 inline void load_grid(const GridT* grid, int64_t grid_x, int64_t grid_axis,
-                                   bool pairs, int64_t i, int64_t count, __m512i* gx,
-                                   __m512i* gy) {
+ETKIT_AVX512 inline void load_grid16(const GridT* grid, int64_t grid_x, int64_t grid_axis,
+                                     bool pairs, int64_t i, int64_t count, __m512i* gx,
+                                     __m512i* gy) {
   const __mmask16 lanes =
       count - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (count - i)) - 1);
   if (pairs) {
@@ -138,105 +105,6 @@ ETKIT_AVX512 inline void load_grid(const GridT* grid, int64_t grid_x, int64_t gr
   }
   *gx = _mm512_load_si512(tx);
   *gy = _mm512_load_si512(ty);
-}
-
-// Pass 1 for `count` pixels: Q (bilinear) or the pixel index (nearest) of each axis.
-template <typename GridT, Coordinates kForm, bool kNearest>
-ETKIT_AVX512 __attribute__((noinline)) void coordinates_block(const GridT* grid, int64_t grid_x,
-                                                              int64_t grid_axis, int64_t count,
-                                                              const Setup& s,
-                                                              const QuantizedPlan& p,
-                                                              Coords* out) {
-  const AxisInteger512 integer_x = axis_integer_registers(s.integer_x);
-  const AxisInteger512 integer_y = axis_integer_registers(s.integer_y);
-  const AxisRegisters512 float_x = axis_registers_avx512(s.float_x);
-  const AxisRegisters512 float_y = axis_registers_avx512(s.float_y);
-  const AxisExact512 exact_x = axis_exact_registers(s.exact_x);
-  const AxisExact512 exact_y = axis_exact_registers(s.exact_y);
-  const AxisNearest512 nearest_x = axis_nearest_registers(s.nearest_x);
-  const AxisNearest512 nearest_y = axis_nearest_registers(s.nearest_y);
-  const __m512i grid_zero = _mm512_set1_epi32(s.grid_zero_point);
-  const __m512i table_bias = _mm512_set1_epi32(128);
-  const AxisSplit512 split_x = axis_split_registers(s.split_x, 0);
-  const AxisSplit512 split_y = axis_split_registers(s.split_y, 1);
-  for (int64_t i = 0; i < count; i += 16) {
-    __m512i gx, gy, cx, cy;
-    if constexpr (kForm == Coordinates::kSplit) {  // int16 (x, y) pairs
-      const __m512i xy = _mm512_maskz_loadu_epi32(
-          count - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (count - i)) - 1), grid + i * 2);
-      _mm512_store_si512(out->x + i, split_tap(xy, split_x));
-      _mm512_store_si512(out->y + i, split_tap(xy, split_y));
-      continue;
-    }
-    load_grid(grid, grid_x, grid_axis, s.pairs, i, count, &gx, &gy);
-    if constexpr (kForm == Coordinates::kInteger) {
-      cx = integer_tap(gx, integer_x);
-      cy = integer_tap(gy, integer_y);
-    } else if constexpr (kForm == Coordinates::kFloat) {
-      cx = vector_tap_avx512(_mm512_sub_epi32(gx, grid_zero), float_x);
-      cy = vector_tap_avx512(_mm512_sub_epi32(gy, grid_zero), float_y);
-    } else if constexpr (kForm == Coordinates::kExact) {
-      cx = exact_tap<kNearest>(gx, exact_x);
-      cy = exact_tap<kNearest>(gy, exact_y);
-    } else if constexpr (kForm == Coordinates::kNearest) {
-      cx = nearest_tap(gx, nearest_x);
-      cy = nearest_tap(gy, nearest_y);
-    } else if constexpr (kForm == Coordinates::kTable) {
-      cx = _mm512_i32gather_epi32(_mm512_add_epi32(gx, table_bias), s.table_x, 4);
-      cy = _mm512_i32gather_epi32(_mm512_add_epi32(gy, table_bias), s.table_y, 4);
-    } else {
-      alignas(64) int32_t vx[16], vy[16];
-      _mm512_store_si512(vx, gx);
-      _mm512_store_si512(vy, gy);
-      for (int k = 0; k < 16; ++k) {
-        const int64_t px = steps::pixel_coordinate(vx[k], p, p.x);
-        const int64_t py = steps::pixel_coordinate(vy[k], p, p.y);
-        vx[k] = kNearest ? nearest_index(px, p.x.size) : scalar_tap(px, p.x.size);
-        vy[k] = kNearest ? nearest_index(py, p.y.size) : scalar_tap(py, p.y.size);
-      }
-      cx = _mm512_load_si512(vx);
-      cy = _mm512_load_si512(vy);
-    }
-    _mm512_store_si512(out->x + i, cx);
-    _mm512_store_si512(out->y + i, cy);
-  }
-}
-
-template <typename GridT>
-void coordinates(const GridT* grid, int64_t grid_x, int64_t grid_axis, int64_t count,
-                 const Setup& s, const QuantizedPlan& p, Coords* out) {
-  using C = Coordinates;
-  if constexpr (std::is_same_v<GridT, int8_t>) {
-    coordinates_block<GridT, C::kTable, false>(grid, grid_x, grid_axis, count, s, p, out);
-  } else {
-    switch (s.coordinates) {
-      case C::kSplit:
-        coordinates_block<GridT, C::kSplit, false>(grid, grid_x, grid_axis, count, s, p, out);
-        return;
-      case C::kInteger:
-        coordinates_block<GridT, C::kInteger, false>(grid, grid_x, grid_axis, count, s, p, out);
-        return;
-      case C::kFloat:
-        coordinates_block<GridT, C::kFloat, false>(grid, grid_x, grid_axis, count, s, p, out);
-        return;
-      case C::kNearest:
-        coordinates_block<GridT, C::kNearest, true>(grid, grid_x, grid_axis, count, s, p, out);
-        return;
-      case C::kExact:
-        if (s.nearest) {
-          coordinates_block<GridT, C::kExact, true>(grid, grid_x, grid_axis, count, s, p, out);
-        } else {
-          coordinates_block<GridT, C::kExact, false>(grid, grid_x, grid_axis, count, s, p, out);
-        }
-        return;
-      default:
-        if (s.nearest) {
-          coordinates_block<GridT, C::kScalar, true>(grid, grid_x, grid_axis, count, s, p, out);
-        } else {
-          coordinates_block<GridT, C::kScalar, false>(grid, grid_x, grid_axis, count, s, p, out);
-        }
-    }
-  }
 }
 
 // ---- pass 2: shared pieces ----
@@ -305,7 +173,9 @@ struct Finish {
   __m512i table[4];  // output_table: raw values 0..63, 64..127, -128..-65, -64..-1
 };
 
-ETKIT_AVX512 inline Finish finish_registers(const Setup& s) {
+// (always inlined: each block builds them once, in registers, as it did before the set-up moved
+// to quantized_core.h; GCC then stopped inlining it on its own, measured 5-7% on small blocks)
+ETKIT_AVX512 __attribute__((always_inline)) inline Finish finish_registers(const Setup& s) {
   Finish f{};
   f.requant = s.requant;
   f.init = _mm512_set1_epi32(s.sample.init);
@@ -1022,89 +892,171 @@ ETKIT_AVX2 inline __m256i nearest_tap_avx2(__m256i q, const AxisNearest256& a) {
   return _mm256_min_epi32(_mm256_max_epi32(index, a.low), a.high);
 }
 
-template <typename GridT, Coordinates kForm, bool kNearest>
-ETKIT_AVX2 __attribute__((noinline)) void coordinates_block_avx2(const GridT* grid,
-                                                                 int64_t grid_x,
-                                                                 int64_t grid_axis, int64_t count,
-                                                                 const Setup& s,
-                                                                 const QuantizedPlan& p,
-                                                                 Coords* out) {
-  const AxisInteger256 integer_x = axis_integer_registers_avx2(s.integer_x);
-  const AxisInteger256 integer_y = axis_integer_registers_avx2(s.integer_y);
-  const AxisRegisters float_x = axis_registers(s.float_x);
-  const AxisRegisters float_y = axis_registers(s.float_y);
-  const AxisNearest256 nearest_x = axis_nearest_registers_avx2(s.nearest_x);
-  const AxisNearest256 nearest_y = axis_nearest_registers_avx2(s.nearest_y);
-  const __m256i grid_zero = _mm256_set1_epi32(s.grid_zero_point);
-  const __m256i table_bias = _mm256_set1_epi32(128);
-  for (int64_t i = 0; i < count; i += 8) {
+// ---- pass 1, written once for both targets (quantized_x86_pass1.h) over their traits ----
+
+// AVX-512: sixteen lanes; every coordinate form.
+struct Avx512 {
+  static constexpr int kLanes = 16;
+  using I = __m512i;
+  struct Float {  // AxisVector's registers and the grid zero point
+    AxisRegisters512 axis;
+    I zero;
+  };
+  struct Table {  // the axis' table and the bias of its index
+    const int32_t* table;
+    I bias;
+  };
+
+  ETKIT_AVX512 static I load(const int32_t* values) { return _mm512_load_si512(values); }
+  ETKIT_AVX512 static void store(int32_t* values, I v) { _mm512_store_si512(values, v); }
+
+  template <typename GridT>
+  ETKIT_AVX512 static void load_grid(const GridT* grid, int64_t grid_x, int64_t grid_axis,
+                                     bool pairs, int64_t i, int64_t count, I* gx, I* gy) {
+    load_grid16(grid, grid_x, grid_axis, pairs, i, count, gx, gy);
+  }
+
+  template <typename GridT>
+  ETKIT_AVX512 static I load_pairs(const GridT* grid, int64_t i, int64_t count) {
+    return _mm512_maskz_loadu_epi32(
+        count - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (count - i)) - 1), grid + i * 2);
+  }
+
+  // A form's registers for axis 0 (x) or 1 (y).
+  template <Coordinates kForm>
+  ETKIT_AVX512 static auto registers(const Setup& s, int axis) {
+    if constexpr (kForm == Coordinates::kInteger) {
+      return axis_integer_registers(axis == 0 ? s.integer_x : s.integer_y);
+    } else if constexpr (kForm == Coordinates::kSplit) {
+      return axis_split_registers(axis == 0 ? s.split_x : s.split_y, axis);
+    } else if constexpr (kForm == Coordinates::kFloat) {
+      return Float{axis_registers_avx512(axis == 0 ? s.float_x : s.float_y),
+                   _mm512_set1_epi32(s.grid_zero_point)};
+    } else if constexpr (kForm == Coordinates::kExact) {
+      return axis_exact_registers(axis == 0 ? s.exact_x : s.exact_y);
+    } else if constexpr (kForm == Coordinates::kNearest) {
+      return axis_nearest_registers(axis == 0 ? s.nearest_x : s.nearest_y);
+    } else if constexpr (kForm == Coordinates::kTable) {
+      return Table{axis == 0 ? s.table_x : s.table_y, _mm512_set1_epi32(128)};
+    } else {
+      return 0;  // the scalar steps
+    }
+  }
+
+  // The form's Q (bilinear) or nearest index of sixteen grid values (kSplit: (x, y) pairs).
+  template <Coordinates kForm, bool kNearest, typename Registers>
+  ETKIT_AVX512 static I tap(I g, const Registers& r) {
+    if constexpr (kForm == Coordinates::kInteger) {
+      return integer_tap(g, r);
+    } else if constexpr (kForm == Coordinates::kSplit) {
+      return split_tap(g, r);
+    } else if constexpr (kForm == Coordinates::kFloat) {
+      return vector_tap_avx512(_mm512_sub_epi32(g, r.zero), r.axis);
+    } else if constexpr (kForm == Coordinates::kExact) {
+      return exact_tap<kNearest>(g, r);
+    } else if constexpr (kForm == Coordinates::kNearest) {
+      return nearest_tap(g, r);
+    } else {
+      return _mm512_i32gather_epi32(_mm512_add_epi32(g, r.bias), r.table, 4);
+    }
+  }
+
+  template <typename GridT, typename Body>
+  static void with_form(Coordinates form, bool nearest, const Body& body) {
+    using C = Coordinates;
+    core::with_form<GridT, C::kTable, C::kSplit, C::kInteger, C::kFloat, C::kNearest, C::kExact,
+                    C::kScalar>(form, nearest, body);
+  }
+};
+
+// AVX2: eight lanes; no split form (its 16-bit multiply-adds are AVX-512's here: the integer one
+// instead) and no exact one (it needs 64-bit lane operations AVX2 lacks: the scalar steps).
+struct Avx2 {
+  static constexpr int kLanes = 8;
+  using I = __m256i;
+  struct Float {
+    AxisRegisters axis;
+    I zero;
+  };
+  struct Table {
+    const int32_t* table;
+    I bias;
+  };
+
+  ETKIT_AVX2 static I load(const int32_t* values) {
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
+  }
+  ETKIT_AVX2 static void store(int32_t* values, I v) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(values), v);
+  }
+
+  template <typename GridT>
+  ETKIT_AVX2 static void load_grid(const GridT* grid, int64_t grid_x, int64_t grid_axis, bool,
+                                   int64_t i, int64_t count, I* gx, I* gy) {
     alignas(32) int32_t tx[8] = {}, ty[8] = {};
     for (int64_t k = 0; k < std::min<int64_t>(8, count - i); ++k) {
       const GridT* const point = grid + (i + k) * grid_x;
       tx[k] = point[0];
       ty[k] = point[grid_axis];
     }
-    const __m256i gx = _mm256_load_si256(reinterpret_cast<const __m256i*>(tx));
-    const __m256i gy = _mm256_load_si256(reinterpret_cast<const __m256i*>(ty));
-    __m256i cx, cy;
-    if constexpr (kForm == Coordinates::kInteger) {
-      cx = integer_tap_avx2(gx, integer_x);
-      cy = integer_tap_avx2(gy, integer_y);
-    } else if constexpr (kForm == Coordinates::kFloat) {
-      cx = vector_tap(_mm256_sub_epi32(gx, grid_zero), float_x);
-      cy = vector_tap(_mm256_sub_epi32(gy, grid_zero), float_y);
-    } else if constexpr (kForm == Coordinates::kNearest) {
-      cx = nearest_tap_avx2(gx, nearest_x);
-      cy = nearest_tap_avx2(gy, nearest_y);
-    } else if constexpr (kForm == Coordinates::kTable) {
-      cx = _mm256_i32gather_epi32(s.table_x, _mm256_add_epi32(gx, table_bias), 4);
-      cy = _mm256_i32gather_epi32(s.table_y, _mm256_add_epi32(gy, table_bias), 4);
-    } else {
-      for (int k = 0; k < 8; ++k) {
-        const int64_t px = steps::pixel_coordinate(tx[k], p, p.x);
-        const int64_t py = steps::pixel_coordinate(ty[k], p, p.y);
-        tx[k] = kNearest ? nearest_index(px, p.x.size) : scalar_tap(px, p.x.size);
-        ty[k] = kNearest ? nearest_index(py, p.y.size) : scalar_tap(py, p.y.size);
-      }
-      cx = _mm256_load_si256(reinterpret_cast<const __m256i*>(tx));
-      cy = _mm256_load_si256(reinterpret_cast<const __m256i*>(ty));
-    }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out->x + i), cx);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out->y + i), cy);
+    *gx = load(tx);
+    *gy = load(ty);
   }
-}
 
-template <typename GridT>
-void coordinates_avx2(const GridT* grid, int64_t grid_x, int64_t grid_axis, int64_t count,
-                      const Setup& s, const QuantizedPlan& p, Coords* out) {
-  using C = Coordinates;
-  if constexpr (std::is_same_v<GridT, int8_t>) {
-    coordinates_block_avx2<GridT, C::kTable, false>(grid, grid_x, grid_axis, count, s, p, out);
-  } else {
-    switch (s.coordinates) {
-      case C::kSplit:  // (AVX-512 only) the integer form
-      case C::kInteger:
-        coordinates_block_avx2<GridT, C::kInteger, false>(grid, grid_x, grid_axis, count, s, p,
-                                                          out);
-        return;
-      case C::kFloat:
-        coordinates_block_avx2<GridT, C::kFloat, false>(grid, grid_x, grid_axis, count, s, p, out);
-        return;
-      case C::kNearest:
-        coordinates_block_avx2<GridT, C::kNearest, true>(grid, grid_x, grid_axis, count, s, p,
-                                                         out);
-        return;
-      default:  // reflection (the exact form needs 64-bit lane operations AVX2 lacks)
-        if (s.nearest) {
-          coordinates_block_avx2<GridT, C::kScalar, true>(grid, grid_x, grid_axis, count, s, p,
-                                                          out);
-        } else {
-          coordinates_block_avx2<GridT, C::kScalar, false>(grid, grid_x, grid_axis, count, s, p,
-                                                           out);
-        }
+  template <typename GridT>
+  static I load_pairs(const GridT*, int64_t, int64_t);  // (no split form)
+
+  template <Coordinates kForm>
+  ETKIT_AVX2 static auto registers(const Setup& s, int axis) {
+    if constexpr (kForm == Coordinates::kInteger) {
+      return axis_integer_registers_avx2(axis == 0 ? s.integer_x : s.integer_y);
+    } else if constexpr (kForm == Coordinates::kFloat) {
+      return Float{axis_registers(axis == 0 ? s.float_x : s.float_y),
+                   _mm256_set1_epi32(s.grid_zero_point)};
+    } else if constexpr (kForm == Coordinates::kNearest) {
+      return axis_nearest_registers_avx2(axis == 0 ? s.nearest_x : s.nearest_y);
+    } else if constexpr (kForm == Coordinates::kTable) {
+      return Table{axis == 0 ? s.table_x : s.table_y, _mm256_set1_epi32(128)};
+    } else {
+      return 0;  // the scalar steps
     }
   }
-}
+
+  template <Coordinates kForm, bool kNearest, typename Registers>
+  ETKIT_AVX2 static I tap(I g, const Registers& r) {
+    if constexpr (kForm == Coordinates::kInteger) {
+      return integer_tap_avx2(g, r);
+    } else if constexpr (kForm == Coordinates::kFloat) {
+      return vector_tap(_mm256_sub_epi32(g, r.zero), r.axis);
+    } else if constexpr (kForm == Coordinates::kNearest) {
+      return nearest_tap_avx2(g, r);
+    } else {
+      return _mm256_i32gather_epi32(r.table, _mm256_add_epi32(g, r.bias), 4);
+    }
+  }
+
+  template <typename GridT, typename Body>
+  static void with_form(Coordinates form, bool nearest, const Body& body) {
+    using C = Coordinates;
+    const C own = form == C::kSplit ? C::kInteger : (form == C::kExact ? C::kScalar : form);
+    core::with_form<GridT, C::kTable, C::kInteger, C::kFloat, C::kNearest, C::kScalar>(
+        own, nearest, body);
+  }
+};
+
+namespace avx512 {
+using V = Avx512;
+#define ETKIT_X86_TARGET ETKIT_AVX512
+#include "quantized_x86_pass1.h"
+#undef ETKIT_X86_TARGET
+}  // namespace avx512
+
+namespace avx2 {
+using V = Avx2;
+#define ETKIT_X86_TARGET ETKIT_AVX2
+#include "quantized_x86_pass1.h"
+#undef ETKIT_X86_TARGET
+}  // namespace avx2
 
 ETKIT_AVX2 inline RequantRegisters requant_registers_avx2(const Setup& s) {
   const NarrowRequant& narrow = s.narrow;
@@ -1523,166 +1475,152 @@ void prefetch_block(const Coords& c, int64_t count, const Setup& s, const Run& r
   }
 }
 
+// Pass 2 of a block by its kind: AVX-512 (`wide`) or AVX2. Returns whether pixels were left
+// to the scalar steps (their bits in `outside`).
+template <typename OutT>
+__attribute__((always_inline)) inline bool second_pass_block(const Coords& c, int64_t block,
+                                                             const Setup& s, const Run& run,
+                                                             int64_t first, bool wide,
+                                                             uint16_t* outside) {
+  if (!wide) {
+    switch (s.kind) {
+      case Kind::kPlanar:
+        planar_block_avx2<OutT>(c, block, s, run, first);
+        return false;
+      case Kind::kChannels:
+        channels_block_avx2<OutT>(c, block, s, run, first, outside);
+        return true;
+      case Kind::kNearPlanar:
+        nearest_block_avx2<Kind::kNearPlanar, OutT>(c, block, s, run, first);
+        return false;
+      case Kind::kNear2:
+        nearest_block_avx2<Kind::kNear2, OutT>(c, block, s, run, first);
+        return false;
+      case Kind::kNear3:
+        nearest_block_avx2<Kind::kNear3, OutT>(c, block, s, run, first);
+        return false;
+      case Kind::kNear4:
+        nearest_block_avx2<Kind::kNear4, OutT>(c, block, s, run, first);
+        return false;
+      case Kind::kNear8:
+        nearest_block_avx2<Kind::kNear8, OutT>(c, block, s, run, first);
+        return false;
+      default:  // kNear16 (select_kind returns no other kind)
+        nearest_block_avx2<Kind::kNear16, OutT>(c, block, s, run, first);
+        return false;
+    }
+  }
+  switch (s.kind) {
+    case Kind::kPlanar:
+      bilinear_masked_block<1, OutT>(c, block, s, run, first);
+      return false;
+    case Kind::kPairs:
+      bilinear_masked_block<2, OutT>(c, block, s, run, first);
+      return false;
+    case Kind::kTriples:
+      bilinear_triples_block<OutT>(c, block, s, run, first, outside);
+      return true;
+    case Kind::kEights:
+    case Kind::kSixteens:
+      bilinear_wide_block<OutT>(c, block, s, run, first, outside);
+      return true;
+    case Kind::kNearPlanar:
+      nearest_block<Kind::kNearPlanar, OutT>(c, block, s, run, first);
+      return false;
+    case Kind::kNear2:
+      nearest_block<Kind::kNear2, OutT>(c, block, s, run, first);
+      return false;
+    case Kind::kNear3:
+      nearest_block<Kind::kNear3, OutT>(c, block, s, run, first);
+      return false;
+    case Kind::kNear4:
+      nearest_block<Kind::kNear4, OutT>(c, block, s, run, first);
+      return false;
+    case Kind::kNear8:
+      nearest_block<Kind::kNear8, OutT>(c, block, s, run, first);
+      return false;
+    case Kind::kNear16:
+      nearest_block<Kind::kNear16, OutT>(c, block, s, run, first);
+      return false;
+    default:  // select_kind returns no other kind for AVX-512
+      return false;
+  }
+}
+
 // Which second pass applies, if any (see x86_any_applies).
 template <typename OutT>
 bool select_kind(const View4<const int8_t>& image, const View4<OutT>& output,
                  const QuantizedPlan& plan, bool wide, Kind* kind) {
-  const int64_t channels = image.sizes[1], height = image.sizes[2], width = image.sizes[3];
+  const core::Layout l = core::layout_of(image, output);
   const int64_t* const is = image.strides;
-  const int64_t* const os = output.strides;
-  if (height >= (1 << 15) || width >= (1 << 15) || plan.image_zero_point < -128 ||
-      plan.image_zero_point > 127) {
+  if (!core::vector_limits_hold<OutT>(l, plan) ||
+      (l.height - 1) * is[2] + (l.width + 1) * is[3] + 64 >= (int64_t(1) << 31)) {
     return false;
   }
-  for (int d = 0; d < 4; ++d) {
-    if (is[d] < 0 || os[d] < 0) {
-      return false;
-    }
-  }
-  if ((height - 1) * is[2] + (width + 1) * is[3] + 64 >= (int64_t(1) << 31)) {
-    return false;
-  }
-  int64_t extent = 1;
-  for (int d = 0; d < 4; ++d) {
-    extent += (image.sizes[d] - 1) * is[d];
-  }
-  if constexpr (std::is_same_v<OutT, int8_t>) {
-    if (!(plan.requant_shift >= 32 && plan.requant_shift <= 62 && plan.output_min >= -128 &&
-          plan.output_max <= 127 && plan.output_zero_point >= -32768 &&
-          plan.output_zero_point <= 32767 && plan.requant_multiplier > 0 &&
-          plan.requant_multiplier < (int64_t(1) << 31))) {
-      return false;
-    }
-  }
-  const bool planar = is[3] == 1 && os[3] == 1;
-  const bool channels_last = is[1] == 1 && is[3] == channels && os[1] == 1 && os[3] == channels;
-  if (plan.params.mode == Mode::kNearest) {
-    if (planar && extent >= 4) {
-      *kind = Kind::kNearPlanar;
+  *kind = core::natural_kind(l, plan.params.mode == Mode::kNearest);
+  switch (*kind) {
+    case Kind::kNearPlanar:
+    case Kind::kNear2:
+    case Kind::kNear3:
+      return l.extent >= 4;  // 32-bit gathers
+    case Kind::kNear4:
+    case Kind::kNear8:
+    case Kind::kNear16:
       return true;
-    }
-    if (!channels_last) {
+    case Kind::kNearStrided:
       return false;
-    }
-    switch (channels) {
-      case 2:
-        *kind = Kind::kNear2;
-        return extent >= 4;
-      case 3:
-        *kind = Kind::kNear3;
-        return extent >= 4;
-      case 4:
-        *kind = Kind::kNear4;
-        return true;
-      case 8:
-        *kind = Kind::kNear8;
-        return true;
-      default:
-        *kind = Kind::kNear16;
-        return channels % 16 == 0;
-    }
+    default:
+      break;
   }
-  if (width < 2) {
+  if (l.width < 2) {
     return false;
   }
-  if (planar) {
-    *kind = Kind::kPlanar;
-    return extent >= 4;
+  if (*kind == Kind::kPlanar) {
+    return l.extent >= 4;
   }
   if (!wide) {  // AVX2: planar and channels-last bilinear (4 channels: quantized_x86.cpp)
-    *kind = Kind::kChannelsAvx2;
-    return channels_last && channels >= 2 && height >= 2;
+    *kind = Kind::kChannels;
+    return l.channels_last && l.channels >= 2 && l.height >= 2;
   }
-  if (!channels_last) {
-    return false;
+  switch (*kind) {
+    case Kind::kPairs:
+      return true;
+    case Kind::kTriples:
+    case Kind::kEights:
+    case Kind::kSixteens:
+      return l.height >= 2;
+    default:
+      return false;  // 4 channels: quantized_x86.cpp; others: AVX2
   }
-  if (channels == 2) {
-    *kind = Kind::kPairs;
-    return true;
-  }
-  if (height < 2) {
-    return false;
-  }
-  if (channels == 3) {
-    *kind = Kind::kTriples;
-    return true;
-  }
-  *kind = channels == 8 ? Kind::kEights : Kind::kSixteens;
-  return channels == 8 || channels % 16 == 0;
 }
+
+// x86's coordinate forms: the split, float64 and scalar ones besides the core's.
+constexpr core::FormSet kFormSet{true, true, true, 0, 0, 0};
 
 template <typename GridT, typename OutT>
 void make_setup(const View4<const int8_t>& image, const View4<const GridT>& grid,
                 const QuantizedPlan& p, Kind kind, Setup* s) {
   constexpr bool kInt16 = std::is_same_v<GridT, int16_t>;
   constexpr bool kFloatOutput = std::is_same_v<OutT, float>;
+  core::make_setup<GridT, OutT>(image, grid, p, kind, kFormSet, s);
   const Padding padding = p.params.padding;
-  s->kind = kind;
-  s->nearest = p.params.mode == Mode::kNearest;
-  s->pairs = grid.strides[2] == 2 && grid.strides[3] == 1;
-  s->integer_x = plan_axis_integer(p.x, p.grid_zero_point, padding, kInt16);
-  s->integer_y = plan_axis_integer(p.y, p.grid_zero_point, padding, kInt16);
   s->float_x = plan_axis_vector(p.x, p.grid_zero_point, padding, kInt16);
   s->float_y = plan_axis_vector(p.y, p.grid_zero_point, padding, kInt16);
-  const int64_t grid_min = kInt16 ? -32768 : -128, grid_max = kInt16 ? 32767 : 127;
-  s->exact_x = plan_axis_exact(p.x, p.grid_zero_point, padding, p.params.align_corners,
-                               s->nearest, grid_min, grid_max);
-  s->exact_y = plan_axis_exact(p.y, p.grid_zero_point, padding, p.params.align_corners,
-                               s->nearest, grid_min, grid_max);
-  s->nearest_x = plan_axis_nearest(p.x, p.grid_zero_point, padding);
-  s->nearest_y = plan_axis_nearest(p.y, p.grid_zero_point, padding);
   using C = Coordinates;
-  if (!kInt16) {
-    s->coordinates = C::kTable;
-    fill_axis_tables(p, s->nearest, s->table_x, s->table_y);
-  } else if (!s->nearest && s->integer_x.applies && s->integer_y.applies) {
+  if (s->coordinates == C::kInteger) {
     s->split_x = plan_axis_split(s->integer_x);
     s->split_y = plan_axis_split(s->integer_y);
     // the split form reads (x, y) pairs; the AVX2 pass takes the integer one
-    s->coordinates = s->pairs && s->split_x.applies && s->split_y.applies
-                         ? C::kSplit
-                         : C::kInteger;
-  } else if (!s->nearest && s->float_x.applies && s->float_y.applies) {
-    s->coordinates = C::kFloat;
-  } else if (s->nearest && kInt16 && s->nearest_x.applies && s->nearest_y.applies) {
-    s->coordinates = C::kNearest;
-  } else if (s->exact_x.applies && s->exact_y.applies) {
-    s->coordinates = C::kExact;
-  } else {
-    s->coordinates = C::kScalar;
+    if (s->pairs && s->split_x.applies && s->split_y.applies) {
+      s->coordinates = C::kSplit;
+    }
+  } else if (kInt16 && !s->nearest && s->float_x.applies && s->float_y.applies) {
+    s->coordinates = C::kFloat;  // before the exact form
   }
-  s->grid_zero_point = static_cast<int32_t>(p.grid_zero_point);
-  s->image_zero_point = static_cast<int32_t>(p.image_zero_point);
-  s->channels = static_cast<int32_t>(image.sizes[1]);
-  s->height = static_cast<int32_t>(image.sizes[2]);
-  s->width = static_cast<int32_t>(image.sizes[3]);
-  s->stride_c = image.strides[1];
-  s->stride_y = image.strides[2];
-  s->stride_x = image.strides[3];
-  s->extent = 1;
-  for (int d = 0; d < 4; ++d) {
-    s->extent += (image.sizes[d] - 1) * image.strides[d];
-  }
-  const NarrowRequant narrow = narrow_requant(p.requant_multiplier, p.requant_shift);
-  s->narrow = narrow;
-  const bool narrow_form = !kFloatOutput && narrow.applies;
-  s->sample = plan_wide_sample(p, narrow, !narrow_form);
+  const bool narrow_form = !kFloatOutput && s->narrow.applies;
+  s->sample = plan_wide_sample(p, s->narrow, !narrow_form);
   const Requant narrow_kind = s->sample.folded ? Requant::kFolded : Requant::kNarrow;
   s->requant = kFloatOutput ? Requant::kFloat : (narrow_form ? narrow_kind : Requant::kWide);
-  s->wide_multiplier = p.requant_multiplier;
-  s->wide_shift = p.requant_shift;
-  s->output_zero_point = static_cast<int32_t>(p.output_zero_point);
-  s->output_min = static_cast<int8_t>(std::max<int64_t>(p.output_min, -128));
-  s->output_max = static_cast<int8_t>(std::min<int64_t>(p.output_max, 127));
-  s->float_scale = p.float_output_scale;
-  s->identity_table = true;
-  if (s->nearest && !kFloatOutput) {
-    for (int v = -128; v < 128; ++v) {
-      const int8_t q = steps::requantize((v - p.image_zero_point) << kWeightBits, p);
-      s->output_table[v & 0xFF] = q;
-      s->identity_table = s->identity_table && q == v;
-    }
-  }
 }
 
 template <typename GridT, typename OutT>
@@ -1695,21 +1633,16 @@ void rows_any(const View4<const int8_t>& image, const View4<const GridT>& grid,
   const int64_t out_height = grid.sizes[1], out_width = grid.sizes[2];
   const int64_t grid_x = grid.strides[2], grid_axis = grid.strides[3];
   const int64_t output_x = output.strides[3];
-  // rows of one batch element that follow each other in the grid and the output are one run
-  const bool flat =
-      grid.strides[1] == out_width * grid_x && output.strides[2] == out_width * output_x;
   // Small outputs (a correlation lookup samples 9 x 9 pixels per image) run many batch elements
-  // at a time where the masked and nearest passes serve them and each element's grid and output
-  // follow the one before: each pixel then carries its element's image offset.
+  // at a time where the masked and nearest passes serve them: each pixel then carries its
+  // element's image offset (32 bits).
   const int64_t batch = image.sizes[0], image_n = image.strides[0];
   const int64_t plane_reach = (image.sizes[2] - 1) * image.strides[2] +
                               (image.sizes[3] + 1) * image.strides[3] + 64;
-  const bool flat_batch = flat && batch > 1 && kind != Kind::kTriples && kind != Kind::kEights &&
-                          kind != Kind::kSixteens && kind != Kind::kChannelsAvx2 &&
-                          grid.strides[0] == out_height * grid.strides[1] &&
-                          output.strides[0] == out_height * output.strides[2] &&
+  const bool flat_batch = batch > 1 && kind != Kind::kTriples && kind != Kind::kEights &&
+                          kind != Kind::kSixteens && kind != Kind::kChannels &&
+                          core::batches_flat(grid, output) &&
                           (batch - 1) * image_n + plane_reach < (int64_t(1) << 31);
-
   steps::Plane plane{nullptr,          image.sizes[1],   image.sizes[2],  image.sizes[3],
                      image.strides[1], image.strides[2], image.strides[3]};
   Coords coords[2];
@@ -1718,143 +1651,44 @@ void rows_any(const View4<const int8_t>& image, const View4<const GridT>& grid,
     c.plane_max = 0;
   }
   uint16_t outside[kRun / 16];
-  for (int64_t row = row_begin; row < row_end;) {
-    const int64_t n = row / out_height, oy = row % out_height;
-    const int64_t rows = flat_batch ? row_end - row
-                                    : (flat ? std::min(row_end, (n + 1) * out_height) - row : 1);
-    const int64_t count = rows * out_width;
-    const GridT* const grid_run = grid.data + n * grid.strides[0] + oy * grid.strides[1];
-    OutT* const output_run = output.data + n * output.strides[0] + oy * output.strides[2];
-    plane.data = image.data + n * image.strides[0];
-    const Run run{plane.data, n * image.strides[0], grid_run, output_run, output.strides[1],
-                  output_x};
+  core::for_each_run(grid, output, row_begin, row_end, flat_batch, [&](const auto& run) {
+    plane.data = image.data + run.n * image_n;
+    const Run r{plane.data, run.n * image_n, run.grid, run.out, output.strides[1], output_x};
     // Pass 1 runs a block ahead of pass 2; where a block spans batch elements, it prefetches the
     // image lines of its pixels, whose addresses are no stream the hardware prefetchers follow.
-    const auto first_pass = [&](int64_t first, Coords* c) {
-      const int64_t block = std::min(kRun, count - first);
+    const auto first_pass = [&](int64_t first, int64_t block, Coords* c) {
       // the grid points two blocks on, as quantized_x86.cpp does
-      if (s.pairs && first + 2 * kRun < count) {
-        const char* const ahead = reinterpret_cast<const char*>(grid_run + (first + 2 * kRun) * 2);
-        const int64_t bytes = std::min(kRun, count - first - 2 * kRun) * 2 * int64_t(sizeof(GridT));
+      if (s.pairs && first + 2 * kRun < run.count) {
+        const char* const ahead = reinterpret_cast<const char*>(run.grid + (first + 2 * kRun) * 2);
+        const int64_t bytes =
+            std::min(kRun, run.count - first - 2 * kRun) * 2 * int64_t(sizeof(GridT));
         for (int64_t b = 0; b < bytes; b += 64) {
           _mm_prefetch(ahead + b, _MM_HINT_T0);
         }
       }
       if (wide) {
-        coordinates(grid_run + first * grid_x, grid_x, grid_axis, block, s, p, c);
+        avx512::coordinates(run.grid + first * grid_x, grid_x, grid_axis, block, s, p, c);
       } else {
-        coordinates_avx2(grid_run + first * grid_x, grid_x, grid_axis, block, s, p, c);
+        avx2::coordinates(run.grid + first * grid_x, grid_x, grid_axis, block, s, p, c);
       }
       if (flat_batch) {
-        // each pixel's batch element, counted from n
-        const int64_t per_element = out_height * out_width;
-        int64_t k = 0, element = (oy * out_width + first) / per_element;
-        while (k < block) {
-          const int64_t end = std::min(block, (element + 1) * per_element - oy * out_width - first);
-          for (; k < end; ++k) {
-            c->plane[k] = static_cast<int32_t>(element * image_n);
-          }
-          ++element;
-        }
-        for (; k % 16 != 0; ++k) {  // the lanes past the block read its last element
-          c->plane[k] = c->plane[k - 1];
-        }
+        // each pixel's batch element, from n; the lanes past the block read its last element
+        c->plane_max = static_cast<int32_t>(
+            core::element_offsets(run.n, run.oy, first, block, out_height, out_width, image_n,
+                                  run.n * image_n, (block + 15) / 16 * 16, c->plane));
         c->batched = true;
-        c->plane_max = static_cast<int32_t>((element - 1) * image_n);
         // (measured: on rows of a near-identity warp the prefetches cost more than they save)
-        prefetch_block(*c, block, s, run);
+        prefetch_block(*c, block, s, r);
       }
     };
-    int current = 0;
-    first_pass(0, &coords[0]);
-    for (int64_t first = 0; first < count; first += kRun) {
-      const int64_t block = std::min(kRun, count - first);
-      if (first + kRun < count) {
-        first_pass(first + kRun, &coords[current ^ 1]);
+    const auto second_pass = [&](int64_t first, int64_t block, const Coords& c) {
+      if (second_pass_block<OutT>(c, block, s, r, first, wide, outside)) {
+        core::redo_outside(outside, first, block, run.grid, grid_x, grid_axis, plane, run.out,
+                           output_x, output.strides[1], p);
       }
-      const Coords& c = coords[current];
-      current ^= 1;
-      bool redo = false;
-      if (!wide) {
-        switch (kind) {
-          case Kind::kPlanar:
-            planar_block_avx2<OutT>(c, block, s, run, first);
-            break;
-          case Kind::kNearPlanar:
-            nearest_block_avx2<Kind::kNearPlanar, OutT>(c, block, s, run, first);
-            break;
-          case Kind::kNear2:
-            nearest_block_avx2<Kind::kNear2, OutT>(c, block, s, run, first);
-            break;
-          case Kind::kNear3:
-            nearest_block_avx2<Kind::kNear3, OutT>(c, block, s, run, first);
-            break;
-          case Kind::kNear4:
-            nearest_block_avx2<Kind::kNear4, OutT>(c, block, s, run, first);
-            break;
-          case Kind::kNear8:
-            nearest_block_avx2<Kind::kNear8, OutT>(c, block, s, run, first);
-            break;
-          case Kind::kChannelsAvx2:
-            channels_block_avx2<OutT>(c, block, s, run, first, outside);
-            redo = true;
-            break;
-          default:
-            nearest_block_avx2<Kind::kNear16, OutT>(c, block, s, run, first);
-            break;
-        }
-      } else switch (kind) {
-        case Kind::kPlanar:
-          bilinear_masked_block<1, OutT>(c, block, s, run, first);
-          break;
-        case Kind::kPairs:
-          bilinear_masked_block<2, OutT>(c, block, s, run, first);
-          break;
-        case Kind::kTriples:
-          bilinear_triples_block<OutT>(c, block, s, run, first, outside);
-          redo = true;
-          break;
-        case Kind::kEights:
-        case Kind::kSixteens:
-          bilinear_wide_block<OutT>(c, block, s, run, first, outside);
-          redo = true;
-          break;
-        case Kind::kNearPlanar:
-          nearest_block<Kind::kNearPlanar, OutT>(c, block, s, run, first);
-          break;
-        case Kind::kNear2:
-          nearest_block<Kind::kNear2, OutT>(c, block, s, run, first);
-          break;
-        case Kind::kNear3:
-          nearest_block<Kind::kNear3, OutT>(c, block, s, run, first);
-          break;
-        case Kind::kNear4:
-          nearest_block<Kind::kNear4, OutT>(c, block, s, run, first);
-          break;
-        case Kind::kNear8:
-          nearest_block<Kind::kNear8, OutT>(c, block, s, run, first);
-          break;
-        case Kind::kNear16:
-          nearest_block<Kind::kNear16, OutT>(c, block, s, run, first);
-          break;
-        case Kind::kChannelsAvx2:  // AVX2 only
-          break;
-      }
-      if (redo) {
-        // The pixels with a tap outside the image that carries weight, by the scalar steps.
-        for (int64_t j = 0; j < block; j += 16) {
-          for (uint32_t bits = outside[j / 16]; bits != 0; bits &= bits - 1) {
-            const int64_t k = first + j + __builtin_ctz(bits);
-            const GridT* const point = grid_run + k * grid_x;
-            steps::sample_pixel(steps::pixel_coordinate(point[0], p, p.x),
-                                steps::pixel_coordinate(point[grid_axis], p, p.y), plane,
-                                output_run + k * output_x, output.strides[1], p);
-          }
-        }
-      }
-    }
-    row += rows;
-  }
+    };
+    core::run_blocks<true>(run.count, coords, first_pass, second_pass);
+  });
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <cstdlib>
 
 #include "quantized.h"
+#include "quantized_core.h"
 #include "quantized_forms.h"
 #include "quantized_steps.h"
 
@@ -109,9 +110,8 @@ inline AxisSplit plan_axis_split(const AxisInteger& axis) {
   return split;
 }
 
-// How a kernel computes steps 1 and 2: integer (64-bit or split 32-bit) or float64 lanes (int16
-// grids in (x, y) pairs, zeros or border padding) or the scalar steps.
-enum class Coordinates { kInteger, kFloat, kScalar, kExact, kTable, kNearest, kSplit };
+// How a kernel computes steps 1 and 2 (quantized_core.h).
+using core::Coordinates;
 
 // The subsets avx512_supported requires, for both AVX-512 passes.
 #define ETKIT_AVX512 \
