@@ -53,7 +53,7 @@ def rife_64x128() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
 
 
 def flow_warp() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    from etkit_exporter.demos import DEMOS
+    from etkit_exporter.export.demos import DEMOS
 
     model, inputs = DEMOS["flow-warp"]()
     return model, inputs

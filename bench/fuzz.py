@@ -54,7 +54,7 @@ def worker(pairs: list[tuple[int, str]], out: Path, shrink_budget: int) -> None:
 
     torch.set_num_threads(1)
     mf = _model_fuzz()
-    from etkit_exporter.tools import configure_model_converter
+    from etkit_exporter.vgf.tools import configure_model_converter
 
     configure_model_converter()
     work = out / "work"

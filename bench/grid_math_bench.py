@@ -81,7 +81,7 @@ class FlowEstimator(torch.nn.Module):
 def model(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     real = _real_models()
     if name == "flow-warp":
-        from etkit_exporter.demos import flow_warp
+        from etkit_exporter.export.demos import flow_warp
 
         return flow_warp()
     if name == "flow-estimator":
@@ -107,7 +107,7 @@ def _as_list(value: object) -> list[torch.Tensor]:
 
 
 def _float_ops_module() -> Any:
-    """This tree's ``etkit_exporter.float_ops``, also under the previous commit's packages
+    """This tree's ``etkit_exporter.artifact.float_ops``, also under the previous commit's packages
     (which lack what it imports: given here)."""
     import etkit_quant.boundary as boundary
     import etkit_quant.graph as graph
@@ -118,7 +118,7 @@ def _float_ops_module() -> Any:
         boundary.COORDINATE_ARITHMETIC = "coordinate arithmetic"  # type: ignore[attr-defined]
         boundary.USER_CHOICE = "user choice"  # type: ignore[attr-defined]
         boundary.float_reason = lambda node: None  # type: ignore[attr-defined]
-    return _load("float_ops_now", ROOT / "apps/exporter/src/etkit_exporter/float_ops.py")
+    return _load("float_ops_now", ROOT / "apps/exporter/src/etkit_exporter/artifact/float_ops.py")
 
 
 def _program_inputs(inputs: tuple[torch.Tensor, ...], io: dict[str, Any]) -> list[torch.Tensor]:
@@ -145,7 +145,7 @@ def _float_outputs(outputs: list[torch.Tensor], io: dict[str, Any]) -> list[torc
 
 def measure(name: str, variant: str, target: str, runs: int, work: Path) -> dict[str, Any]:
     """One export of model ``name`` (``variant`` "before", "float" or "int") for ``target``."""
-    from etkit_exporter.pipeline import export_model
+    from etkit_exporter.export.pipeline import export_model
 
     module, inputs = model(name)
     with torch.no_grad():

@@ -44,11 +44,11 @@ import torch
 import torch.nn.functional as F
 
 from etkit_exporter import export_model
-from etkit_exporter.demos import FlowWarp, pixel_grid
-from etkit_exporter.runner import PteProgram
-from etkit_exporter.scenario import FORMAT_DTYPES, scenario_template, vgf_ports
-from etkit_exporter.tools import configure_model_converter, find_tool
-from etkit_exporter.vulkan_env import ml_emulation_env
+from etkit_exporter.export.demos import FlowWarp, pixel_grid
+from etkit_exporter.programs import load_program
+from etkit_exporter.vgf.scenario import FORMAT_DTYPES, scenario_template, vgf_ports
+from etkit_exporter.vgf.tools import configure_model_converter, find_tool
+from etkit_exporter.vgf.vulkan_env import ml_emulation_env
 from etkit_gridsampler import cpu
 from etkit_gridsampler.delegate_format import decode
 from etkit_gridsampler.vgf_shader import payload
@@ -152,7 +152,7 @@ def _time_cpu_sampler(blob: bytes, repeats: int) -> float:
 
 
 def _time_program(pte: Path, repeats: int, work: Path) -> dict[str, Any]:
-    program = PteProgram.load(pte)
+    program = load_program(pte)
     delegates = [d.backend_id for d in program.delegates]
     total, parts = 0.0, []
     for k, delegate in enumerate(program.delegates):

@@ -56,7 +56,7 @@ def stock(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], target: str)
         )
         from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
 
-        from etkit_exporter.tools import configure_model_converter
+        from etkit_exporter.vgf.tools import configure_model_converter
 
         configure_model_converter()
         spec = VgfCompileSpec("TOSA-1.0+INT+FP+int16")
@@ -85,9 +85,9 @@ def stock(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], target: str)
             pte = Path(folder) / "model.pte"
             pte.write_bytes(program)
             if target == "vgf":
-                from etkit_exporter.runner import PteProgram
+                from etkit_exporter.programs import load_program
 
-                outputs = list(PteProgram.load(pte).run(list(inputs)).outputs)
+                outputs = list(load_program(pte).run(list(inputs)).outputs)
             else:
                 from executorch.runtime import Runtime
 

@@ -49,7 +49,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python_bin" -m venv "$venv"
 fi
 
-# 3. Python packages, exactly as locked, then the five etkit packages editable.
+# 3. Python packages, exactly as locked, then the six etkit packages editable.
 #    The stamp holds a hash of everything that decides the environment, so a second run is instant.
 stamp="$venv/.etkit-setup-stamp"
 digest="$(cat "$root/requirements/"*.txt "$root"/libs/*/pyproject.toml "$root"/apps/*/pyproject.toml \
@@ -65,7 +65,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
   say "installing the etkit packages editable"
   quiet "$venv/bin/pip" install -q --no-deps --no-build-isolation \
     -e "$root/libs/quant" -e "$root/libs/partition" -e "$root/libs/layout" \
-    -e "$root/libs/gridsampler" -e "$root/apps/exporter"
+    -e "$root/libs/gridsampler" -e "$root/libs/pterunner" -e "$root/apps/exporter"
   # Nothing must have pulled a CUDA build of torch.
   if "$venv/bin/pip" list 2>/dev/null | grep -qi '^nvidia-'; then
     echo "setup.sh: nvidia-* wheels were installed; torch must be the CPU build" >&2; exit 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from etkit_exporter.tools import configure_model_converter
+from etkit_exporter.vgf.tools import configure_model_converter
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -12,7 +12,7 @@ from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
 from executorch.exir import to_edge_transform_and_lower
 from quant_models import NoGridSampler
 
-from etkit_exporter.scenario import run_vgf, vgf_delegates
+from etkit_exporter.vgf.scenario import run_vgf, vgf_delegates
 from etkit_quant import BoundaryQuantizer, is_dequantize, is_quantize, quantize, snorm8
 
 

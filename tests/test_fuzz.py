@@ -79,7 +79,7 @@ def test_the_fixed_seeds_exercise_every_feature_of_the_generator() -> None:
 
 
 def test_a_repro_file_is_the_model_and_the_cli_reads_it(tmp_path: Path) -> None:
-    from etkit_exporter.export_cli import load_model
+    from etkit_exporter.cli.export import load_model
 
     spec = mf.generate(6)
     outcome = mf.Outcome("crashed", "ExportError: stage 'x' failed: example")

@@ -17,8 +17,8 @@ from executorch.exir import to_edge_transform_and_lower
 from executorch.exir.passes.quantize_io_pass import extract_io_quant_params
 from quant_models import FlowWarp
 
-from etkit_exporter.scenario import run_vgf, vgf_delegates
-from etkit_exporter.tosa import tosa_op_counts
+from etkit_exporter.vgf.scenario import run_vgf, vgf_delegates
+from etkit_exporter.vgf.tosa import tosa_op_counts
 from etkit_gridsampler import GridSamplerPartitioner
 from etkit_layout import channels_last, pad_rgb_to_rgba
 from etkit_partition import DetagInputQuantize, DetagOps, DetagOutputDequantize, PolicyPartitioner

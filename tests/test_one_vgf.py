@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from etkit_exporter import ExportResult, export_model
-from etkit_exporter.demos import flow_warp, resample
-from etkit_exporter.io_params import program_input
-from etkit_exporter.runner import PteProgram
-from etkit_exporter.scenario import run_scenario
-from etkit_exporter.scenario_export import SCENARIO_DIR, SCENARIO_JSON
-from etkit_exporter.tools import find_tool
+from etkit_exporter.core.io_params import program_input
+from etkit_exporter.export.demos import flow_warp, resample
+from etkit_exporter.programs import load_program
+from etkit_exporter.vgf.scenario import run_scenario
+from etkit_exporter.vgf.scenario_writer import SCENARIO_DIR, SCENARIO_JSON
+from etkit_exporter.vgf.tools import find_tool
 from etkit_gridsampler import GridSampleOp, QParams, cpu
 from etkit_gridsampler.vgf_shader import IN_VGF, OWN_DELEGATE, READS_VGF_INPUT
 
@@ -79,13 +79,13 @@ def _run(result: ExportResult, inputs: tuple[torch.Tensor, ...]) -> tuple[Any, l
         program_input(x, e) for x, e in zip(inputs, result.io_quant_params["inputs"], strict=True)
     ]
     assert result.pte_path is not None
-    run = PteProgram.load(result.pte_path).run(args)
+    run = load_program(result.pte_path).run(args)
     return args, [o.contiguous() for o in run.outputs]
 
 
 def _backends(result: ExportResult) -> list[str]:
     assert result.pte_path is not None
-    return [d.backend_id for d in PteProgram.load(result.pte_path).delegates]
+    return [d.backend_id for d in load_program(result.pte_path).delegates]
 
 
 def _qparams(entry: dict[str, Any]) -> QParams:

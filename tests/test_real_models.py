@@ -147,13 +147,10 @@ def _export(name: str, target: str, root: Path, sampler_delegate: bool = False) 
     return Exported(name, target, model, inputs, counter.count, result, error, seconds)
 
 
-# Known failure, kept visible: since the layers predicting RAFT's flow are quantized (the
-# float region is now only coordinate arithmetic), its VGF programs drift from the quantized
-# PT2E model through the two recurrent updates: flow 27.7 dB, +2.0 steps mean, 80 % of values
-# more than 2 steps off (XNNPACK: 53.5 dB). Not yet explained; strict, so a fix shows as XPASS.
-VGF_KNOWN_FAILURES = {
-    "raft": "VGF RAFT drifts from PT2E through its recurrence (27.7 dB, +2.0 steps mean)"
-}
+# Known failures, kept visible as strict xfails (a fix shows as XPASS). None now: VGF RAFT's
+# 27.7 dB was the Arm backend concatenating int8 inputs of different scales as they are
+# (etkit_quant.requantize_shared_inputs; exporter README, "Known upstream issues").
+VGF_KNOWN_FAILURES: dict[str, str] = {}
 VGF_MODELS = [
     pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=VGF_KNOWN_FAILURES[name]))
     if name in VGF_KNOWN_FAILURES
@@ -386,7 +383,7 @@ def test_vgf_scenario_same_as_runner_with_vulkan_grid_sampler(vgf: Exported) -> 
     """The export's ``scenario/`` (VGF graphs and the grid-sampler shader chained in one
     scenario_runner process) gives the very outputs the .pte runner gives with the Vulkan
     grid sampler, on the same program inputs."""
-    from etkit_exporter.scenario import run_scenario
+    from etkit_exporter.vgf.scenario import run_scenario
 
     result = vgf.require()
     section = result.report.get("scenario") or {}
@@ -439,9 +436,9 @@ def _run_program(exported: Exported, grid_sampler_impl: str = "cpu") -> list[tor
     result = exported.require()
     program_inputs = _program_inputs(exported)
     if exported.target == "vgf":
-        from etkit_exporter.runner import PteProgram
+        from etkit_exporter.programs import load_program
 
-        program = PteProgram.load(result.pte_path, grid_sampler_impl=grid_sampler_impl)
+        program = load_program(result.pte_path, grid_sampler_impl=grid_sampler_impl)
         run = program.run(program_inputs)
         used = {
             c.implementation for c in run.delegate_calls if c.backend_id == "GridSamplerBackend"

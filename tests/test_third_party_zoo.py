@@ -159,7 +159,7 @@ def raft(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     else:
         model = zoo.RaftFlowAndWarp().eval()
         outputs = {"raft_small_flow": 0, "raft_small_warp": 1}
-    from etkit_exporter.verdict import VerifyTolerance
+    from etkit_exporter.check.verdict import VerifyTolerance
 
     # RAFT's recurrence carries XNNPACK's integer rounding (a step off PT2E's in the feature
     # encoder's residual add) through its GRU updates: measured 32.5 dB, 40 steps max, 33 % of
@@ -274,8 +274,8 @@ def test_zoo_close_to_the_float_model(quantized_zoo: Exported) -> None:
 
 
 def _program_outputs(exported: Exported) -> list[torch.Tensor]:
-    from etkit_exporter.io_params import float_output
-    from etkit_exporter.verify import verify_run
+    from etkit_exporter.check.verify import verify_run
+    from etkit_exporter.core.io_params import float_output
 
     result = exported.require()
     run = verify_run(

@@ -11,7 +11,7 @@ from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
 from executorch.exir import to_edge_transform_and_lower
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-from etkit_exporter.scenario import run_vgf, vgf_delegates
+from etkit_exporter.vgf.scenario import run_vgf, vgf_delegates
 from etkit_quant.graph import is_dequantize, is_quantize
 
 

@@ -5,7 +5,7 @@ from executorch.backends.arm.quantizer import VgfQuantizer, get_symmetric_quanti
 from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
 from executorch.exir import to_edge_transform_and_lower
 from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e, convert_pt2e
-from etkit_exporter.tools import configure_model_converter
+from etkit_exporter.vgf.tools import configure_model_converter
 configure_model_converter()
 class M(torch.nn.Module):
     def __init__(s):

@@ -14,8 +14,8 @@ import torch
 from executorch.exir import to_edge
 
 from etkit_exporter import export_model
-from etkit_exporter.activation_bounds import activations_at_risk, keep_activation_bounds
-from etkit_exporter.io_params import float_output, program_input
+from etkit_exporter.core.io_params import float_output, program_input
+from etkit_exporter.export.activation_bounds import activations_at_risk, keep_activation_bounds
 from etkit_quant import snorm8
 
 _q = torch.ops.quantized_decomposed
@@ -99,10 +99,10 @@ def test_vgf_conv_relu_snorm8_output_matches_pt2e(tmp_path: Path) -> None:
         quantized_input_qspecs=(snorm8(),),
         quantized_output_qspecs=(snorm8(),),
     )
-    from etkit_exporter.runner import PteProgram
+    from etkit_exporter.programs import load_program
 
     io = result.io_quant_params
-    run = PteProgram.load(result.pte_path).run([program_input(x, io["inputs"][0])])
+    run = load_program(result.pte_path).run([program_input(x, io["inputs"][0])])
     actual = float_output(run.outputs[0], io["outputs"][0])
     with torch.no_grad():
         expected = result.converted_model(x)  # type: ignore[misc]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from etkit_exporter.artifacts import (
+from etkit_exporter.artifact.staging import (
     MANIFEST,
     DestinationError,
     Staging,
@@ -167,7 +167,7 @@ _KILLER = textwrap.dedent(
     """
     import os, shutil, signal, sys
     from pathlib import Path
-    from etkit_exporter import artifacts
+    from etkit_exporter.artifact import staging as artifacts
 
     target, kill_at, exchange = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
     calls = 0
@@ -366,7 +366,7 @@ _ENOSPC_EXPORT = textwrap.dedent(
     """
     import errno, sys
     from pathlib import Path
-    from etkit_exporter.export_cli import main
+    from etkit_exporter.cli.export import main
 
     def full(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(self))

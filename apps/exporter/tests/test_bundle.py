@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from etkit_exporter import ExportResult, export_model
-from etkit_exporter.bundle import BundleError, bundle_bytes, read_bundle, run_bundle
-from etkit_exporter.demos import DEMOS
+from etkit_exporter.check.bundle import BundleError, bundle_bytes, read_bundle, run_bundle
+from etkit_exporter.export.demos import DEMOS
 
 
 def _etkit(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from etkit_exporter import export_model
-from etkit_exporter.calibration_data import CalibrationDataError, read_calibration
+from etkit_exporter.core.calibration_data import CalibrationDataError, read_calibration
 from etkit_quant import snorm8, snorm16
 
 
@@ -66,7 +66,7 @@ def test_a_fixed_range_that_clips_is_reported_loudly(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     samples = _normalized_images(4)
-    with caplog.at_level(logging.WARNING, logger="etkit_exporter.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="etkit_exporter.export"):
         result = export_model(
             Classifier(), samples[0], artifacts_root=tmp_path / "out", calibration=samples,
             quantized_output_qspecs=(snorm8(),), target="xnnpack",
@@ -145,7 +145,7 @@ def test_calibration_files_are_read_and_checked(tmp_path: Path) -> None:
 
 
 def test_cli_calibration_and_sampler_qspecs(tmp_path: Path) -> None:
-    from etkit_exporter.export_cli import main
+    from etkit_exporter.cli.export import main
 
     (tmp_path / "wide_models.py").write_text(
         "import torch, torch.nn.functional as F\n"
@@ -201,7 +201,7 @@ def test_clipping_inside_the_graph_is_reported_loudly(
     torch.manual_seed(0)
     model = WarpConcatFeatures().eval()
     inputs = (torch.rand(1, 3, 16, 16) * 2 - 1, torch.rand(1, 16, 16, 2) * 2 - 1)
-    with caplog.at_level(logging.WARNING, logger="etkit_exporter.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="etkit_exporter.export"):
         result = export_model(model, inputs, artifacts_root=tmp_path / "out", target="vgf")
     clipped = [r for r in result.saturation if r.name.startswith("tensor ")]
     assert clipped, [r.name for r in result.saturation]
@@ -264,7 +264,7 @@ def test_a_sampler_left_undelegated_is_reported_loudly(
         torch.rand(1, 4, 16, 16, generator=generator) * 2 - 1,
         torch.rand(1, 8, 8, 2, generator=generator) * 2 - 1,
     )
-    with caplog.at_level(logging.WARNING, logger="etkit_exporter.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="etkit_exporter.export"):
         result = export_model(
             PlainWarp(), inputs, artifacts_root=tmp_path / "wide", target="xnnpack",
             quantized_input_qspecs=(covering(100.0, torch.int8), snorm16()),

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from etkit_exporter import doctor
+from etkit_exporter.cli import doctor
 
 WARP = """\
 import torch
@@ -134,7 +134,7 @@ def test_bad_values_are_one_line_usage_errors(
     args: list[str],
     message: str,
 ) -> None:
-    from etkit_exporter.export_cli import main  # in-process: these fail before any lowering
+    from etkit_exporter.cli.export import main  # in-process: these fail before any lowering
 
     monkeypatch.chdir(models)
     assert main([*args, "-o", str(tmp_path / "out")]) == 2
@@ -161,7 +161,7 @@ def test_bad_config_files(
     text: str,
     message: str,
 ) -> None:
-    from etkit_exporter.export_cli import main
+    from etkit_exporter.cli.export import main
 
     (tmp_path / "c.toml").write_text(text)
     monkeypatch.chdir(tmp_path)
@@ -235,7 +235,8 @@ def test_every_option_takes_a_value_that_starts_with_a_dash() -> None:
     """`--image-range -1,1`, as README, --help and the hints print it: a value such as -1,1 or
     -.5,.5 is the option's value, for every option of both commands (plain argparse reads
     it as an unknown option: "expected one argument")."""
-    from etkit_exporter import cli, export_cli
+    from etkit_exporter.cli import export as export_cli
+    from etkit_exporter.cli import main as cli
 
     export_parser = export_cli._parser()
     options = _value_options(export_parser)
@@ -268,7 +269,7 @@ def test_every_option_takes_a_value_that_starts_with_a_dash() -> None:
 
 
 def test_target_has_help_and_shows_its_default() -> None:
-    from etkit_exporter import export_cli
+    from etkit_exporter.cli import export as export_cli
 
     text = " ".join(export_cli._parser().format_help().split())
     assert "-t {vgf,xnnpack}, --target {vgf,xnnpack} vgf:" in text
@@ -310,7 +311,7 @@ def test_models_import_from_the_working_folder_and_beside_their_file(
     """`-m mymodel:make` from the folder holding mymodel.py, and FILE.py importing a module
     beside it from anywhere, as `python -m` and `python FILE.py` import; a failure names where
     it looked."""
-    from etkit_exporter.export_cli import UsageError, load_model
+    from etkit_exporter.cli.export import UsageError, load_model
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     project = tmp_path / "project"
@@ -343,7 +344,7 @@ def test_qspec_count_error_names_the_options(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from etkit_exporter.export_cli import main
+    from etkit_exporter.cli.export import main
 
     monkeypatch.chdir(models)
     args = ["-m", "warp.py", "-t", "xnnpack", "-o", str(tmp_path / "out")]
@@ -379,7 +380,7 @@ def test_data_dependent_branch_is_a_short_error(
 ) -> None:
     """torch.export prints the partial graph before it raises; the command shows the one-line
     error (--verbose shows everything)."""
-    from etkit_exporter.export_cli import main
+    from etkit_exporter.cli.export import main
 
     (tmp_path / "branchy.py").write_text(BRANCHY)
     monkeypatch.chdir(tmp_path)
@@ -395,7 +396,7 @@ def test_data_dependent_branch_is_a_short_error(
 def test_summary_lists_samplers_outside_delegates_and_no_empty_folder(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from etkit_exporter.export_cli import _summary
+    from etkit_exporter.cli.export import _summary
 
     (tmp_path / "model.pte").write_bytes(b"x")
     (tmp_path / "intermediates").mkdir()

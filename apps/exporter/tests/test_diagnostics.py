@@ -13,9 +13,9 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from torch.fx.passes.infra.pass_manager import PassManager
 
 from etkit_exporter import export_model
-from etkit_exporter.demos import DEMOS
-from etkit_exporter.diagnostics import capture_native_log, root_cause
-from etkit_exporter.verify import verify_program
+from etkit_exporter.check.verify import verify_program
+from etkit_exporter.core.diagnostics import capture_native_log, root_cause
+from etkit_exporter.export.demos import DEMOS
 
 
 class FirstPass(PassBase):
@@ -44,7 +44,7 @@ def test_root_cause_names_the_innermost_error_and_pass() -> None:
 def test_capture_native_log_sees_what_cpp_writes() -> None:
     script = (
         "import ctypes, sys\n"
-        "from etkit_exporter.diagnostics import capture_native_log\n"
+        "from etkit_exporter.core.diagnostics import capture_native_log\n"
         "libc = ctypes.CDLL(None)\n"
         "with capture_native_log() as log:\n"
         "    libc.dprintf(2, b'[method.cpp:1] Failed to init\\n')\n"

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from etkit_exporter import doctor
+from etkit_exporter.cli import doctor
 
 
 def test_doctor_reports_every_component_working() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "etkit_exporter.cli", "doctor"],
+        [sys.executable, "-m", "etkit_exporter.cli.main", "doctor"],
         capture_output=True,
         text=True,
         check=False,
@@ -47,14 +47,14 @@ def test_failing_check_gives_fix_and_nonzero_status(monkeypatch: pytest.MonkeyPa
     assert "[FAIL] broken" in text and "-> fix: pip install it" in text
     assert "OSError: boom" in text
     assert "2 of 3 not working" in text
-    from etkit_exporter.cli import main
+    from etkit_exporter.cli.main import main
 
     assert main(["doctor"]) == 1
 
 
 def test_unknown_component_is_a_usage_error() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "etkit_exporter.cli", "doctor", "--only", "nonsense"],
+        [sys.executable, "-m", "etkit_exporter.cli.main", "doctor", "--only", "nonsense"],
         capture_output=True,
         text=True,
         check=False,

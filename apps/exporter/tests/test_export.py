@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from etkit_exporter import ExportError, export_model
-from etkit_exporter.artifacts import DestinationError
-from etkit_exporter.demos import DEMOS
+from etkit_exporter.artifact.staging import DestinationError
+from etkit_exporter.export.demos import DEMOS
 from etkit_quant import snorm8, snorm16
 
 SNORM8_SCALE = float(torch.tensor(1 / 127))
@@ -357,7 +357,7 @@ def test_cli_mistakes_name_their_cause(
 ) -> None:
     """Each mistake: one line naming the cause (plus at most a hint), the right exit status,
     nothing written. In-process: these fail before any lowering."""
-    from etkit_exporter.export_cli import main
+    from etkit_exporter.cli.export import main
 
     (tmp_path / "user_bad.py").write_text(_USER_MODELS)
     (tmp_path / "user_broken.py").write_text("x = 1 / 0\ndef make(): ...\n")

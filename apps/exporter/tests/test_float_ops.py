@@ -13,9 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from etkit_exporter.export_cli import _summary
-from etkit_exporter.float_ops import COORDINATE_ARITHMETIC, USER_CHOICE, heavy_warnings, summary
-from etkit_exporter.pipeline import ExportResult, export_model
+from etkit_exporter.artifact.float_ops import (
+    COORDINATE_ARITHMETIC,
+    USER_CHOICE,
+    heavy_warnings,
+    summary,
+)
+from etkit_exporter.cli.export import _summary
+from etkit_exporter.export.pipeline import ExportResult, export_model
 
 
 def warp(image: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
@@ -177,7 +182,7 @@ def test_the_report_says_how_the_flow_is_quantized(exported: ExportResult) -> No
 def test_the_cli_takes_grid_math_and_prints_the_float_ops(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from etkit_exporter.export_cli import main
+    from etkit_exporter.cli.export import main
 
     assert (
         main(

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from etkit_exporter import export_model
-from etkit_exporter.artifacts import foreign_content
-from etkit_exporter.cli import main
-from etkit_exporter.demos import DEMOS
-from etkit_exporter.etrecord import build_paths_in, portable_stack_trace
+from etkit_exporter.artifact.etrecord import build_paths_in, portable_stack_trace
+from etkit_exporter.artifact.staging import foreign_content
+from etkit_exporter.cli.main import main
+from etkit_exporter.export.demos import DEMOS
 from etkit_gridsampler.backend import DEBUG_EVENT_NAME
 
 BUILD_ROOTS = (b"/work/", b"/tmp/", b"/home/", b"/root/")
@@ -100,7 +100,7 @@ def test_every_export_writes_an_etrecord_the_inspector_reads(
         for n in record.edge_dialect_program.graph.nodes
         if n.meta.get("stack_trace")
     ]
-    assert any('File "etkit_exporter/demos.py"' in t for t in traces)
+    assert any('File "etkit_exporter/export/demos.py"' in t for t in traces)
 
     mapping = json.loads((folder / "etrecord.json").read_text())["instructions"]
     delegates = [v for v in mapping.values() if v["kind"] == "delegate"]
@@ -161,7 +161,7 @@ def test_run_etdump_writes_an_etdump_the_inspector_reads(
     assert "aten.grid_sampler_2d.default" in event.op_types
     # its stack trace is the model's grid_sample line (the file named below the import root)
     traces = "".join(t or "" for t in event.stack_traces.values())
-    assert 'File "etkit_exporter/demos.py"' in traces and "F.grid_sample(" in traces
+    assert 'File "etkit_exporter/export/demos.py"' in traces and "F.grid_sample(" in traces
     assert event.perf_data is not None and event.perf_data.avg > 0
     # the event logs the delegate's int8 output, the program's own (identical to the call's)
     (logged,) = event.debug_data

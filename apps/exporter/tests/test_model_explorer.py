@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from etkit_exporter import ExportResult, export_model
-from etkit_exporter.demos import DEMOS
+from etkit_exporter.export.demos import DEMOS
 from etkit_exporter.model_explorer import (
     ADAPTER_ID,
     DB_FILE,
@@ -33,9 +33,9 @@ from etkit_exporter.model_explorer import (
     upstream_available,
     write_node_data,
 )
-from etkit_exporter.runner import PteProgram
 from etkit_gridsampler.delegate_format import decode
 from etkit_gridsampler.op import QParams
+from etkit_pterunner import PteProgram
 
 
 def _importable(name: str) -> bool:

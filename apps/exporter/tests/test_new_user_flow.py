@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from etkit_exporter.cli import main
+from etkit_exporter.cli.main import main
 
 HELPERS = """\
 import torch
@@ -194,7 +194,7 @@ def test_outputs_are_named_after_the_models_return() -> None:
     graph's node names, such as getitem_2, mean nothing to a caller)."""
     import torch
 
-    from etkit_exporter.io_params import output_names
+    from etkit_exporter.core.io_params import output_names
 
     class Named(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:

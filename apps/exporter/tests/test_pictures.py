@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from etkit_exporter.pictures import (
+from etkit_exporter.check.pictures import (
     MIN_SCALE_STEPS,
     WORD_GAP,
     _font,

@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.fx.traceback as fx_traceback
 
-from etkit_exporter import export_model, pipeline
-from etkit_exporter.demos import DEMOS
-from etkit_exporter.provenance import shared_provenance
+from etkit_exporter import export_model
+from etkit_exporter.export import pipeline
+from etkit_exporter.export.demos import DEMOS
+from etkit_exporter.export.provenance import shared_provenance
 
 
 def _node_with_history() -> torch.fx.Node:

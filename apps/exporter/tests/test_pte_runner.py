@@ -1,11 +1,11 @@
-"""The .pte runner (etkit_exporter.runner) on real programs: portable kernels and grid-sampler
-delegates give outputs identical to executorch.runtime; VGF exports of the demos run whole on
-lavapipe and match the converted PT2E model; Python delegates substitute for any backend; bad
-files and bad inputs fail with clear errors before anything runs."""
+"""The app's programs (etkit_pterunner with the app's delegates, ``load_program``) on real
+programs: grid-sampler delegates give outputs identical to executorch.runtime on the CPU and the
+Vulkan kernel; VGF exports of the demos run whole on lavapipe and match the converted PT2E
+model; a Python delegate replacing the grid sampler keeps the blob's input count. The runner's
+own behaviour (kernels, control flow, bad files and inputs) is tested in libs/pterunner."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +21,11 @@ from executorch.runtime import Runtime
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_exporter import ExportResult, export_model
-from etkit_exporter.demos import DEMOS
-from etkit_exporter.runner import (
-    ExecutionError,
-    ProgramInputError,
-    PteFormatError,
-    PteProgram,
-    UnsupportedProgramError,
-)
+from etkit_exporter.export.demos import DEMOS
+from etkit_exporter.programs import load_program
 from etkit_gridsampler import GridSamplerPartitioner, cpu, runtime
 from etkit_gridsampler.delegate_format import decode
+from etkit_pterunner import ExecutionError, UnsupportedProgramError
 from etkit_quant import BoundaryQuantizer, quantize, snorm8
 
 
@@ -157,7 +152,7 @@ def _executorch(path: Path, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tens
 def test_identical_to_executorch_runtime(portable: dict[str, Path], name: str) -> None:
     inputs = CASES[name][1]
     expected = _executorch(portable[name], inputs)
-    program = PteProgram.load(portable[name])
+    program = load_program(portable[name])
     assert program.method_names == ("forward",)
     assert program.unsupported() == []
     result = program.run(inputs)
@@ -170,7 +165,7 @@ def test_identical_to_executorch_runtime(portable: dict[str, Path], name: str) -
     assert [c.backend_id for c in result.delegate_calls] == ["GridSamplerBackend"] * len(samplers)
     assert all(c.seconds > 0 for c in result.delegate_calls)
     # The Vulkan grid sampler (integer ops; float ops run on the CPU kernel) gives the same bits.
-    on_vulkan = PteProgram.load(portable[name], grid_sampler_impl="vulkan").run(inputs)
+    on_vulkan = load_program(portable[name], grid_sampler_impl="vulkan").run(inputs)
     for actual, reference in zip(on_vulkan.outputs, expected, strict=True):
         assert torch.equal(actual, reference)
     quantized = name in QUANTIZED
@@ -179,62 +174,8 @@ def test_identical_to_executorch_runtime(portable: dict[str, Path], name: str) -
     }
 
 
-class Branches(torch.nn.Module):
-    """``torch.cond``: the program jumps (JumpFalseCall) and moves (MoveCall) values."""
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        def plus(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return x + y
-
-        def minus(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return x - y
-
-        chosen: torch.Tensor = torch.cond(x.sum() > 0, plus, minus, (x, y))
-        return chosen * 2
-
-
-class Dynamic(torch.nn.Module):
-    """A dynamic batch: symbolic sizes (sym_size, et_view) and outputs resized at run time."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(x * 2 + 1)
-        return y.reshape(-1, 6) + y.shape[0]
-
-
-def test_control_flow_and_dynamic_shapes(tmp_path: Path) -> None:
-    x, y = _rand(2, 3), _rand(2, 3)
-    branches = tmp_path / "cond.pte"
-    exported = torch.export.export(Branches(), (x, y), strict=False)
-    branches.write_bytes(to_edge_transform_and_lower(exported).to_executorch().buffer)
-    program = PteProgram.load(branches)
-    kinds = {i.kind for i in program.method().chains[0]}
-    assert {"jump_false", "move"} <= kinds
-    for sign in (1, -1):
-        inputs = (sign * x.abs(), y)
-        (expected,) = _executorch(branches, inputs)
-        result = program.run(inputs)
-        assert torch.equal(result.outputs[0], expected)
-        ran = {c.operator for c in result.kernel_calls}
-        assert ("aten::add.out" in ran) == (sign > 0) and ("aten::sub.out" in ran) == (sign < 0)
-    dynamic = tmp_path / "dynamic.pte"
-    batch = torch.export.Dim("batch", max=8)
-    exported = torch.export.export(
-        Dynamic(), (_rand(4, 2, 3),), dynamic_shapes=({0: batch},), strict=False
-    )
-    dynamic.write_bytes(to_edge_transform_and_lower(exported).to_executorch().buffer)
-    program = PteProgram.load(dynamic)
-    assert "executorch_prim::et_view.default" in program.method().operators
-    for rows in (8, 3):
-        batch_input = (_rand(rows, 2, 3),)
-        (expected,) = _executorch(dynamic, batch_input)
-        (actual,) = program.run(batch_input).outputs
-        assert actual.shape == (rows, 6) and torch.equal(actual, expected)
-    with pytest.raises(ProgramInputError, match=r"shape \[8, 2, 3\] \(dynamic: at most"):
-        program.run([_rand(9, 2, 3)])
-
-
 def test_program_description(portable: dict[str, Path]) -> None:
-    program = PteProgram.load(portable["channels-last-int8"])
+    program = load_program(portable["channels-last-int8"])
     method = program.method("forward")
     image, other = method.input_infos
     assert image.describe() == "float32 [1, 4, 8, 8] dim order (0, 2, 3, 1)"
@@ -249,7 +190,7 @@ def test_program_description(portable: dict[str, Path]) -> None:
 
 def test_keep_values_records_every_intermediate(portable: dict[str, Path]) -> None:
     inputs = CASES["two-samplers-pt2e-int8"][1]
-    program = PteProgram.load(portable["two-samplers-pt2e-int8"])
+    program = load_program(portable["two-samplers-pt2e-int8"])
     result = program.run(inputs, keep_values=True)
     assert result.values is not None
     method = program.method()
@@ -274,7 +215,7 @@ def test_keep_values_records_every_intermediate(portable: dict[str, Path]) -> No
 def test_python_delegate_replaces_the_grid_sampler(portable: dict[str, Path]) -> None:
     inputs = CASES["grid-first-int8"][1]
     path = portable["grid-first-int8"]
-    expected = PteProgram.load(path).run(inputs).outputs
+    expected = load_program(path).run(inputs).outputs
     calls: list[dict[str, Any]] = []
 
     def sampler(processed: bytes, compile_specs: list[Any], args: list[torch.Tensor]) -> Any:
@@ -283,7 +224,7 @@ def test_python_delegate_replaces_the_grid_sampler(portable: dict[str, Path]) ->
         calls.append({"roles": blob.roles, "image": image, "grid": grid, "specs": compile_specs})
         return [cpu.grid_sample(image, grid, blob.op)]
 
-    program = PteProgram.load(path, delegates={"GridSamplerBackend": sampler})
+    program = load_program(path, delegates={"GridSamplerBackend": sampler})
     result = program.run(inputs)
     (call,) = calls
     # The grid is the first model input, and the delegate's first argument.
@@ -315,7 +256,7 @@ def test_any_backend_through_a_python_delegate(portable: dict[str, Path], tmp_pa
     data = portable["two-samplers-float"].read_bytes()
     path = tmp_path / "other-backend.pte"
     path.write_bytes(data.replace(b"GridSamplerBackend", b"OtherSampleBackend"))
-    program = PteProgram.load(path)
+    program = load_program(path)
     with pytest.raises(UnsupportedProgramError) as caught:
         program.run([image, flow])
     message = str(caught.value)
@@ -332,83 +273,8 @@ def test_any_backend_through_a_python_delegate(portable: dict[str, Path], tmp_pa
     program.register_delegate("OtherSampleBackend", sample)
     result = program.run([image, flow])
     assert [[tuple(a.shape) for a in args] for args in seen] == [[(1, 4, 8, 8), (1, 6, 5, 2)]] * 2
-    expected = PteProgram.load(portable["two-samplers-float"]).run([image, flow]).outputs
+    expected = load_program(portable["two-samplers-float"]).run([image, flow]).outputs
     assert torch.equal(result.outputs[0], expected[0])
-
-
-def test_unsupported_operator_is_named_before_running(
-    portable: dict[str, Path], tmp_path: Path
-) -> None:
-    data = portable["two-samplers-float"].read_bytes()
-    assert data.count(b"aten::relu") == 1
-    path = tmp_path / "relx.pte"
-    path.write_bytes(data.replace(b"aten::relu", b"aten::relX"))
-    program = PteProgram.load(path)
-    issues = program.unsupported()
-    relu_calls = [
-        i.position
-        for i in program.method().chains[0]
-        if i.kind == "kernel" and program.method().operators[i.operator] == "aten::relX.out"
-    ]
-    assert len(issues) == len(relu_calls) == 2
-    for issue, position in zip(issues, relu_calls, strict=True):
-        assert issue == (
-            f"instruction {position}: operator aten::relX.out is not supported: torch.ops has "
-            "no aten.relX.out"
-        )
-    with pytest.raises(UnsupportedProgramError, match=r"aten::relX\.out"):
-        program.run(CASES["two-samplers-float"][1])
-
-
-def test_bad_files_raise_format_errors(portable: dict[str, Path], tmp_path: Path) -> None:
-    data = portable["two-samplers-pt2e-int8"].read_bytes()
-    random_bytes = tmp_path / "random.pte"
-    random_bytes.write_bytes(os.urandom(4096))
-    with pytest.raises(PteFormatError, match="not an ExecuTorch program"):
-        PteProgram.load(random_bytes)
-    for length in (len(data) // 2, 100, 20):
-        truncated = tmp_path / f"truncated-{length}.pte"
-        truncated.write_bytes(data[:length])
-        with pytest.raises(PteFormatError, match="truncated"):
-            PteProgram.load(truncated)
-    other_schema = tmp_path / "et11.pte"
-    other_schema.write_bytes(data[:4] + b"ET11" + data[8:])
-    with pytest.raises(PteFormatError, match="schema version ET11; this runner reads ET12"):
-        PteProgram.load(other_schema)
-    corrupt = tmp_path / "corrupt.pte"
-    corrupt.write_bytes(data[:64] + bytes(256) + data[320:])
-    with pytest.raises(PteFormatError, match="corrupt") as caught:
-        PteProgram.load(corrupt)
-    assert caught.value.__cause__ is None and caught.value.__suppress_context__
-
-
-def test_bad_inputs_raise_before_running(portable: dict[str, Path]) -> None:
-    program = PteProgram.load(portable["two-samplers-pt2e-int8"])
-    image, flow = CASES["two-samplers-pt2e-int8"][1]
-    with pytest.raises(ProgramInputError, match=r"takes 2 inputs .*got 1"):
-        program.run([image])
-    with pytest.raises(
-        ProgramInputError, match=r"input 1: .*shape \[1, 2, 6, 5\].*got \[1, 2, 5, 6\]"
-    ):
-        program.run([image, flow.reshape(1, 2, 5, 6)])
-    with pytest.raises(ProgramInputError, match=r"input 0: the method takes float32 .*got float64"):
-        program.run([image.double(), flow])
-    with pytest.raises(ProgramInputError, match="input 1: the method takes a tensor"):
-        program.run([image, 1.0])
-    with pytest.raises(TypeError, match="a list or tuple"):
-        program.run(image)  # type: ignore[arg-type]
-
-
-def test_layout_of_given_inputs(portable: dict[str, Path]) -> None:
-    """An input given in another layout is laid out as the program declares, with a warning
-    (executorch.runtime would read the given memory as it is)."""
-    image, other = CASES["channels-last-int8"][1]
-    program = PteProgram.load(portable["channels-last-int8"])
-    expected = program.run([image, other]).outputs[0]
-    result = program.run([image.contiguous(), other])
-    assert torch.equal(result.outputs[0], expected)
-    (warning,) = result.warnings
-    assert warning.startswith("input 0 was given with strides") and "channels-last" in warning
 
 
 # The VGF exports of the demos, run whole: VGF delegates on lavapipe, grid samplers on the CPU
@@ -462,7 +328,7 @@ def test_vgf_export_runs_whole(vgf_export: Any, name: str) -> None:
     inputs = [
         _quantize_input(x, e) for x, e in zip(export.example_inputs, io["inputs"], strict=True)
     ]
-    program = PteProgram.load(export.pte_path)
+    program = load_program(export.pte_path)
     assert program.unsupported() == []
     result = program.run(inputs)
     _CPU_OUTPUTS[name] = result.outputs
@@ -487,8 +353,8 @@ def test_vgf_export_same_on_cpu_and_vulkan_grid_sampler(vgf_export: Any, name: s
     inputs = [
         _quantize_input(x, e) for x, e in zip(export.example_inputs, io["inputs"], strict=True)
     ]
-    on_cpu = _CPU_OUTPUTS.get(name) or PteProgram.load(export.pte_path).run(inputs).outputs
-    result = PteProgram.load(export.pte_path, grid_sampler_impl="vulkan").run(inputs)
+    on_cpu = _CPU_OUTPUTS.get(name) or load_program(export.pte_path).run(inputs).outputs
+    result = load_program(export.pte_path, grid_sampler_impl="vulkan").run(inputs)
     samplers = [c for c in result.delegate_calls if c.backend_id == "GridSamplerBackend"]
     assert samplers and all(c.implementation == "etkit_gridsampler.vulkan" for c in samplers)
     for actual, expected in zip(result.outputs, on_cpu, strict=True):
@@ -497,7 +363,7 @@ def test_vgf_export_same_on_cpu_and_vulkan_grid_sampler(vgf_export: Any, name: s
 
 def test_vgf_export_constant_methods(vgf_export: Any) -> None:
     export = vgf_export("stn")
-    program = PteProgram.load(export.pte_path)
+    program = load_program(export.pte_path)
     assert "input0_scale" in program.method_names
     (scale,) = program.run([], method="input0_scale").outputs
     assert scale == pytest.approx(export.io_quant_params["inputs"][0]["scale"])
@@ -509,14 +375,14 @@ def test_vgf_run_keeps_delegate_io_and_verify_holds_samplers_to_contract(vgf_exp
     and an output moved by two steps at one position is reported as two steps there."""
     from dataclasses import replace
 
-    from etkit_exporter.verify import _delegate_row
+    from etkit_exporter.check.verify import _delegate_row
 
     export = vgf_export("stn")
     io = export.io_quant_params
     inputs = [
         _quantize_input(x, e) for x, e in zip(export.example_inputs, io["inputs"], strict=True)
     ]
-    program = PteProgram.load(export.pte_path)
+    program = load_program(export.pte_path)
     result = program.run(inputs, keep_delegate_io=True)
     blobs = {d.index: d.processed for d in program.method("forward").delegates}
     (call,) = [c for c in result.delegate_calls if c.backend_id == "GridSamplerBackend"]
@@ -532,4 +398,4 @@ def test_vgf_run_keeps_delegate_io_and_verify_holds_samplers_to_contract(vgf_exp
     assert broken["max_steps_vs_ideal"] >= 2
     vgf_calls = [c for c in result.delegate_calls if c.backend_id == "VgfBackend"]
     assert vgf_calls and all(c.inputs is not None for c in vgf_calls)
-    assert PteProgram.load(export.pte_path).run(inputs).delegate_calls[0].inputs is None
+    assert load_program(export.pte_path).run(inputs).delegate_calls[0].inputs is None

@@ -16,8 +16,8 @@ import torch
 from PIL import Image
 
 from etkit_exporter import export_model
-from etkit_exporter.cli import main
-from etkit_exporter.demos import DEMOS
+from etkit_exporter.cli.main import main
+from etkit_exporter.export.demos import DEMOS
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_bad_inputs_and_programs_write_nothing(
 
 EARLY = """\
 import sys
-from etkit_exporter.cli import main
+from etkit_exporter.cli.main import main
 for args in ARGS:
     status = main(args)
     assert status == 2, (args, status)
@@ -108,7 +108,7 @@ def test_usage_errors_are_answered_before_torch_loads(tmp_path: Path) -> None:
     for line, (_, message) in zip(lines, cases, strict=True):
         assert line.startswith("etkit run: ") and message in line, line
     version = subprocess.run(
-        [sys.executable, "-c", "from etkit_exporter.cli import main; main(['--version'])"],
+        [sys.executable, "-c", "from etkit_exporter.cli.main import main; main(['--version'])"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert version.returncode == 0 and version.stdout.startswith("etkit 0."), version
@@ -117,7 +117,7 @@ def test_usage_errors_are_answered_before_torch_loads(tmp_path: Path) -> None:
 def test_scenario_folder_runs_with_its_script(stn_vgf: Any, tmp_path: Path) -> None:
     """The command report.md prints runs here (the script loads the ML emulation layers) and
     gives what etkit's scenario run gives; without etkit on PATH it says what to do."""
-    from etkit_exporter.scenario import run_scenario
+    from etkit_exporter.vgf.scenario import run_scenario
 
     folder = stn_vgf.artifacts_root / "scenario"
     report = (stn_vgf.artifacts_root / "report.md").read_text()
@@ -145,7 +145,7 @@ def test_scenario_folder_runs_with_its_script(stn_vgf: Any, tmp_path: Path) -> N
 def test_vulkan_env_prints_what_etkit_gives_scenario_runner() -> None:
     """`eval "$(etkit vulkan-env)"` in a shell sets the environment etkit runs scenario_runner
     with (what scenario/run.sh does)."""
-    from etkit_exporter.vulkan_env import ml_emulation_env
+    from etkit_exporter.vgf.vulkan_env import ml_emulation_env
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("VK_")}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])

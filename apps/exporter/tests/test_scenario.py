@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
 from executorch.exir import to_edge_transform_and_lower
 
-from etkit_exporter.scenario import ScenarioError, embedded_shaders, run_vgf, vgf_delegates
-from etkit_exporter.tools import configure_model_converter
+from etkit_exporter.vgf.scenario import ScenarioError, embedded_shaders, run_vgf, vgf_delegates
+from etkit_exporter.vgf.tools import configure_model_converter
 
 
 @pytest.fixture(scope="module")

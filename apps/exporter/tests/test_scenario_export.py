@@ -19,25 +19,26 @@ import pytest
 import torch
 
 from etkit_exporter import ExportResult, export_model
-from etkit_exporter.demos import DEMOS
-from etkit_exporter.io_params import program_input
-from etkit_exporter.runner import PteProgram
-from etkit_exporter.runner.model import (
-    DelegateInfo,
-    Instruction,
-    ListInfo,
-    MethodInfo,
-    ScalarInfo,
-    TensorInfo,
-)
-from etkit_exporter.scenario import run_scenario
-from etkit_exporter.scenario_export import (
+from etkit_exporter.core.io_params import program_input
+from etkit_exporter.export.demos import DEMOS
+from etkit_exporter.programs import built_in_backends, load_program
+from etkit_exporter.vgf.scenario import run_scenario
+from etkit_exporter.vgf.scenario_writer import (
     SCENARIO_DIR,
     SCENARIO_JSON,
     SIDECAR_JSON,
     ScenarioUnsupportedError,
     plan_scenario,
     write_scenario,
+)
+from etkit_pterunner import (
+    DelegateInfo,
+    Instruction,
+    ListInfo,
+    MethodInfo,
+    PteProgram,
+    ScalarInfo,
+    TensorInfo,
 )
 
 REPO = Path(__file__).resolve().parents[3]
@@ -99,7 +100,7 @@ def _program_inputs(result: ExportResult) -> list[torch.Tensor]:
 
 
 def _runner_outputs(result: ExportResult, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    program = PteProgram.load(result.pte_path, grid_sampler_impl="vulkan")
+    program = load_program(result.pte_path, grid_sampler_impl="vulkan")
     return [y for y in program.run(inputs).outputs]
 
 
@@ -260,7 +261,7 @@ def test_texture_outputs_alias_an_image(exported: Any, tmp_path: Path) -> None:
     """resample's output 0 (RGBA SNORM8, written by a VGF) is declared with an
     R8G8B8A8_SNORM image in its memory; reading that image back gives the output's texels.
     Inputs and outputs the shader reads or writes as packed words get no image, and say why."""
-    from etkit_exporter.vulkan_env import ml_emulation_env
+    from etkit_exporter.vgf.vulkan_env import ml_emulation_env
 
     result = exported("resample")
     folder = result.artifacts_root / SCENARIO_DIR
@@ -280,7 +281,7 @@ def test_texture_outputs_alias_an_image(exported: Any, tmp_path: Path) -> None:
     (tmp_path / "s.json").write_text(json.dumps(scenario))
     import subprocess
 
-    from etkit_exporter.tools import find_tool
+    from etkit_exporter.vgf.tools import find_tool
 
     done = subprocess.run(
         [find_tool("scenario_runner"), "--scenario", str(tmp_path / "s.json")],
@@ -380,7 +381,7 @@ def test_view_between_samplers_is_an_alias(tmp_path: Path) -> None:
     summary = write_scenario(tmp_path / "s", method, [image, grid])
     assert summary["aliases"] and "aten::view_copy.out value 2 -> value 8" in summary["aliases"][0]
     (actual,) = run_scenario(tmp_path / "s")
-    program = PteProgram([method], source="synthetic", size=0, grid_sampler_impl="vulkan")
+    program = PteProgram([method], source="synthetic", size=0, backends=built_in_backends("vulkan"))
     (expected,) = program.run([image, grid]).outputs
     assert _differing(actual, expected) == 0
 

@@ -18,14 +18,14 @@ import torch
 import torch.nn.functional as F
 
 from etkit_exporter import VerifyTolerance, export_model
-from etkit_exporter.artifacts import MANIFEST, foreign_content
-from etkit_exporter.demos import DEMOS
-from etkit_exporter.verdict import (
+from etkit_exporter.artifact.staging import MANIFEST, foreign_content
+from etkit_exporter.check.verdict import (
     failed_folder,
     judge_outputs,
     judge_tensor,
     parse_tolerance,
 )
+from etkit_exporter.export.demos import DEMOS
 
 STEP = 1 / 127  # an SNORM8 output's scale
 
@@ -113,6 +113,39 @@ def test_a_few_steps_everywhere_fails_though_psnr_is_high() -> None:
     assert not judged["passes"]
     assert any("more than 2 steps" in r for r in judged["reasons"])
     assert any("mean error" in r for r in judged["reasons"])
+
+
+def test_one_step_on_a_tensor_spanning_few_steps_passes_and_two_do_not() -> None:
+    """A correlation lookup whose values span 6 steps, one step off at random places, is 33 dB
+    from its reference: rounding, so it passes; the same places 2 steps off fail on PSNR."""
+    generator = torch.Generator().manual_seed(6)
+    reference = torch.randint(-3, 4, (1, 18, 16, 16), generator=generator) * STEP
+    where = torch.rand(reference.shape, generator=generator) < 0.08
+    signs = torch.where(torch.rand(reference.shape, generator=generator) < 0.5, -1.0, 1.0)
+    one_off = judge_tensor(reference + where * signs * STEP, reference, STEP, VerifyTolerance())
+    assert one_off["psnr_db"] < VerifyTolerance().min_psnr_db and one_off["max_steps"] == 1
+    assert one_off["passes"], one_off
+    two_off = judge_tensor(reference + 2 * where * signs * STEP, reference, STEP, VerifyTolerance())
+    assert not two_off["passes"] and two_off["reasons"][0].startswith("PSNR")
+
+
+def test_a_16_bit_delegate_output_is_judged_in_8_bit_steps() -> None:
+    """An int16 lookup grid 16 of its own steps off in places (two backends' float coordinate
+    arithmetic) is within tolerance in the steps its range has in 8 bits; an int8 tensor with
+    the same integer errors is not."""
+    from etkit_exporter.check.verdict import _judged_step
+
+    scale = 2 / 32767
+    assert _judged_step(torch.zeros(1, dtype=torch.int16), scale) == scale * 256
+    assert _judged_step(torch.zeros(1, dtype=torch.int8), scale) == scale
+    generator = torch.Generator().manual_seed(7)
+    reference = (torch.rand(1, 8, 8, 2, generator=generator) * 2 - 1).div(scale).round() * scale
+    actual = reference + (torch.rand(reference.shape, generator=generator) < 0.2) * 16 * scale
+    grid = judge_tensor(
+        actual, reference, _judged_step(torch.zeros(1, dtype=torch.int16), scale), VerifyTolerance()
+    )
+    assert grid["passes"], grid
+    assert not judge_tensor(actual, reference, scale, VerifyTolerance())["passes"]
 
 
 def test_float_outputs_in_their_own_terms() -> None:
@@ -262,8 +295,8 @@ def test_export_restores_the_callers_train_mode(flow_warp_vgf: Any) -> None:
 
 
 def test_sabotaged_grid_sampler_fails_at_its_delegate(flow_warp_vgf: Any, tmp_path: Path) -> None:
-    from etkit_exporter.report import render_markdown
-    from etkit_exporter.verify import verify_export
+    from etkit_exporter.artifact.report import render_markdown
+    from etkit_exporter.check.verify import verify_export
 
     model, _, result = flow_warp_vgf
     folder = tmp_path / "copy"
@@ -358,7 +391,7 @@ def test_program_the_runtime_refuses_is_named_with_its_reason(tmp_path: Path) ->
     etkit's pad policy) is refused by the check every export runs, in one line that holds the
     runtime's own reason, not only its error code; the same model through export_model loads
     (its load stage ran) and verifies."""
-    from etkit_exporter.verify import check_program_loads
+    from etkit_exporter.check.verify import check_program_loads
 
     torch.manual_seed(0)
     model = PadAfterSampler().eval()

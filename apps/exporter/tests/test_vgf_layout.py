@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from etkit_exporter import ExportResult, export_model
-from etkit_exporter.demos import DEMOS
-from etkit_exporter.io_params import pte_io_layouts, with_pte_layouts
-from etkit_exporter.runner import PteProgram, TensorInfo
+from etkit_exporter.core.io_params import pte_io_layouts, with_pte_layouts
+from etkit_exporter.export.demos import DEMOS
+from etkit_exporter.programs import load_program
 from etkit_layout import delegate_layout_mismatches
+from etkit_pterunner import TensorInfo
 
 NHWC = [0, 2, 3, 1]
 NCHW = [0, 1, 2, 3]
@@ -77,7 +78,7 @@ def test_vgf_export_layouts_agree_and_outputs_match(
     # io_quant_params.json reports the .pte's dim orders (read by ExecuTorch's deserializer and
     # by the runner's own reader)
     layouts = pte_io_layouts(pte)
-    program = PteProgram.load(export.pte_path, grid_sampler_impl="cpu")
+    program = load_program(export.pte_path)
     method = program.method()
     for kind, infos in (("inputs", method.input_infos), ("outputs", method.output_infos)):
         assert all(isinstance(i, TensorInfo) for i in infos)
@@ -124,7 +125,7 @@ def test_with_pte_layouts_reports_the_serialized_dim_orders(
     assert with_pte_layouts(table, pte) == table
     wrong = json.loads(json.dumps(table))
     wrong["outputs"][0]["dim_order"] = NCHW
-    with caplog.at_level(logging.WARNING, logger="etkit_exporter.io_params"):
+    with caplog.at_level(logging.WARNING, logger="etkit_exporter.core.io_params"):
         fixed = with_pte_layouts(wrong, pte)
     assert fixed == table and wrong["outputs"][0]["dim_order"] == NCHW
     assert "the serialized program has [0, 2, 3, 1]" in caplog.text
@@ -143,7 +144,7 @@ def test_io_table_reads_tensor_specs() -> None:
     spec's dim order (what is serialized), not the fake tensor's."""
     from executorch.exir.tensor import TensorSpec
 
-    from etkit_exporter.io_params import io_table
+    from etkit_exporter.core.io_params import io_table
     from etkit_partition import user_output_nodes
 
     program = torch.export.export(_Scale(), (torch.rand(1, 4, 8, 8),), strict=True)

@@ -7,8 +7,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from etkit_exporter.tools import find_tool
-from etkit_exporter.vulkan_env import (
+from etkit_exporter.vgf.tools import find_tool
+from etkit_exporter.vgf.vulkan_env import (
     GRAPH_LAYER,
     TENSOR_LAYER,
     layer_manifest_dirs,

@@ -8,10 +8,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from etkit_exporter.pipeline import ExportError, ExportResult, export_model
-    from etkit_exporter.verdict import VerificationError, VerifyTolerance
+    from etkit_exporter.check.verdict import VerificationError, VerifyTolerance
+    from etkit_exporter.core.errors import ExportError
+    from etkit_exporter.export.pipeline import ExportResult, export_model
 
-__version__ = "0.1.0"
+from etkit_exporter.core.version import __version__
 
 __all__ = [
     "ExportError",
@@ -24,12 +25,16 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("ExportError", "ExportResult", "export_model"):
-        from etkit_exporter import pipeline
+    if name == "ExportError":
+        from etkit_exporter.core import errors
+
+        return errors.ExportError
+    if name in ("ExportResult", "export_model"):
+        from etkit_exporter.export import pipeline
 
         return getattr(pipeline, name)
     if name in ("VerificationError", "VerifyTolerance"):
-        from etkit_exporter import verdict
+        from etkit_exporter.check import verdict
 
         return getattr(verdict, name)
     raise AttributeError(f"module 'etkit_exporter' has no attribute {name!r}")

@@ -27,6 +27,7 @@ from etkit_gridsampler._vulkan_compute import (
     VulkanUnavailableError,
     compile_glsl,
     default_device,
+    find_glsl_compiler,
 )
 from etkit_gridsampler.cpu import check_dtypes, check_op, is_channels_last
 from etkit_gridsampler.op import MODE_CODES, PADDING_CODES, GridSampleOp
@@ -39,6 +40,7 @@ __all__ = [
     "compile_glsl",
     "device_info",
     "dispatch",
+    "find_glsl_compiler",
     "grid_sample",
     "is_available",
     "shader_source",

@@ -16,9 +16,8 @@ works without it, and ``convert_pte`` imports it on use."""
 
 from __future__ import annotations
 
+from etkit_exporter.core.backend_ids import GRID_SAMPLER_BACKEND, VGF_BACKEND
 from etkit_exporter.model_explorer.attributes import (
-    GRID_SAMPLER_BACKEND,
-    VGF_BACKEND,
     delegate_attributes,
     delegate_call_sites,
     grid_sampler_attributes,

@@ -12,11 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from etkit_exporter.runner import DelegateInfo, MethodInfo, TensorInfo
-from etkit_exporter.runner.model import Instruction, dtype_name
-
-GRID_SAMPLER_BACKEND = "GridSamplerBackend"
-VGF_BACKEND = "VgfBackend"
+from etkit_exporter.core.backend_ids import GRID_SAMPLER_BACKEND
+from etkit_gridsampler.delegate_format import DelegateFormatError, decode
+from etkit_pterunner import DelegateInfo, Instruction, MethodInfo, TensorInfo, dtype_name
 
 Attribute = tuple[str, str]
 
@@ -107,7 +105,6 @@ def grid_sampler_attributes(method: MethodInfo, site: DelegateCallSite) -> list[
     and range; the shapes (N x C x H x W image and output, N x Ho x Wo x 2 grid) and, from the
     program's tensors, their dim orders. A blob that does not decode gives ``blob error``
     instead."""
-    from etkit_gridsampler.delegate_format import DelegateFormatError, decode
 
     try:
         blob = decode(site.delegate.processed)

@@ -14,14 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from etkit_exporter.core.backend_ids import VGF_BACKEND
 from etkit_exporter.model_explorer.attributes import (
-    VGF_BACKEND,
     delegate_call_sites,
     method_delegate_attributes,
     node_id,
 )
-from etkit_exporter.runner import ListInfo, MethodInfo, PteProgram, ScalarInfo, TensorInfo
-from etkit_exporter.runner.model import dtype_name
+from etkit_pterunner import ListInfo, MethodInfo, PteProgram, ScalarInfo, TensorInfo, dtype_name
 
 Builder = Literal["auto", "upstream", "etkit"]
 BUILDERS: tuple[Builder, ...] = ("auto", "upstream", "etkit")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from etkit_exporter.model_explorer.attributes import DelegateCallSite, delegate_call_sites
-from etkit_exporter.runner import MethodInfo, PteProgram
+from etkit_pterunner import MethodInfo, PteProgram
 
 NODE_DATA_FILE: Final = "model_explorer_node_data.json"
 MS_FILE: Final = "model_explorer_node_data_ms.json"

@@ -1,0 +1,443 @@
+"""The export report: partitions, what stayed outside and why, grid samplers, the IO table,
+stage timings and toolchain versions; as JSON and as Markdown."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from torch.export import ExportedProgram
+
+from etkit_exporter.artifact.float_ops import markdown as float_ops_markdown
+from etkit_exporter.artifact.verdict_text import verdict_lines
+from etkit_exporter.core.backend_ids import GRID_SAMPLER_BACKEND
+from etkit_exporter.vgf.scenario_writer import scenario_markdown
+from etkit_gridsampler import delegate_format
+from etkit_quant.graph import target_name
+
+_DISTRIBUTIONS = (
+    "torch", "executorch", "torchao", "tosa-tools", "ai-ml-sdk-model-converter",
+    "ai-ml-sdk-scenario-runner", "etkit-quant", "etkit-partition", "etkit-layout",
+    "etkit-gridsampler", "etkit-pterunner", "etkit-exporter",
+)  # fmt: skip
+
+
+def _versions() -> dict[str, str]:
+    versions = {}
+    for name in _DISTRIBUTIONS:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _qparams(q: Any) -> dict[str, Any] | None:
+    if q is None:
+        return None
+    return {
+        "dtype": str(q.dtype).removeprefix("torch."),
+        "scale": q.scale,
+        "zero_point": q.zero_point,
+        "quant_min": q.quant_min,
+        "quant_max": q.quant_max,
+    }
+
+
+def build_report(
+    program: ExportedProgram,
+    *,
+    target: str,
+    io_params: dict[str, Any],
+    detagged: dict[str, str],
+    grid_rejections: list[tuple[str, str]],
+    timings: dict[str, float],
+    intermediates: Path,
+    verification: dict[str, Any] | None,
+    tosa_spec: str | None,
+    saturation: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The report of an exported program (``program``: the final edge program)."""
+
+    partitions: list[dict[str, Any]] = []
+    grid_samplers: list[dict[str, Any]] = []
+    outside: list[dict[str, str]] = []
+    rejected = dict(grid_rejections)
+    for node in program.graph.nodes:
+        if node.op == "get_attr" and str(node.target).startswith("lowered_module"):
+            delegate = getattr(program.graph_module, str(node.target))
+            ops = Counter(
+                target_name(n).removesuffix(".default")
+                for n in delegate.original_module.graph.nodes
+                if n.op == "call_function"
+            )
+            partitions.append(
+                {
+                    "name": str(node.target),
+                    "backend": delegate.backend_id,
+                    "nodes": sum(ops.values()),
+                    "ops": dict(sorted(ops.items())),
+                }
+            )
+            if delegate.backend_id == GRID_SAMPLER_BACKEND:
+                blob = delegate_format.decode(bytes(delegate.processed_bytes))
+                grid_samplers.append(
+                    {
+                        "delegate": str(node.target),
+                        "mode": blob.op.mode,
+                        "padding_mode": blob.op.padding_mode,
+                        "align_corners": blob.op.align_corners,
+                        "image": _qparams(blob.op.image),
+                        "grid": _qparams(blob.op.grid),
+                        "output": _qparams(blob.op.output),
+                        "image_shape": list(blob.image_shape),
+                        "grid_shape": list(blob.grid_shape),
+                    }
+                )
+        elif node.op == "call_function":
+            name = target_name(node)
+            if not name or "executorch_call_delegate" in str(node.target):
+                continue  # delegate calls and getitem
+            if node.name in rejected:
+                reason = f"grid-sampler backend: {rejected[node.name]}"
+            elif node.name in detagged:
+                reason = f"kept outside by {detagged[node.name]}"
+            else:
+                reason = f"not supported by the {target} backend"
+            outside.append({"node": node.name, "op": name, "reason": reason})
+    return {
+        "target": target,
+        "tosa_spec": tosa_spec,
+        "partitions": partitions,
+        "outside_delegates": outside,
+        "grid_samplers": grid_samplers,
+        "io": io_params,
+        "timings_s": timings,
+        "intermediates": sorted(p.name for p in intermediates.glob("*")),
+        "verification": verification,
+        "saturation": saturation or [],
+        "versions": _versions(),
+    }
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The report as readable Markdown."""
+    lines = [f"# etkit export report ({report['target']})", ""]
+    lines += verdict_markdown((report.get("verification") or {}).get("verdict"), top=True)
+    lines += ["## Partitions", ""]
+    lines += _table(
+        ["delegate", "backend", "nodes", "ops"],
+        [
+            [
+                p["name"],
+                p["backend"],
+                p["nodes"],
+                ", ".join(f"{k} x{v}" for k, v in p["ops"].items()),
+            ]
+            for p in report["partitions"]
+        ],
+    )
+    lines += ["", "## Outside the delegates", ""]
+    lines += (
+        _table(
+            ["node", "op", "reason"],
+            [[o["node"], o["op"], o["reason"]] for o in report["outside_delegates"]],
+        )
+        if report["outside_delegates"]
+        else ["(none)"]
+    )
+    lines += ["", "## Grid samplers", ""]
+
+    def q(entry: dict[str, Any] | None) -> str:
+        return (
+            "float32"
+            if entry is None
+            else f"{entry['dtype']} {entry['scale']:.6g}/{entry['zero_point']}"
+        )
+
+    lines += _table(
+        ["delegate", "mode", "padding", "align_corners", "image", "grid", "output"],
+        [
+            [
+                g["delegate"],
+                g["mode"],
+                g["padding_mode"],
+                g["align_corners"],
+                q(g["image"]),
+                q(g["grid"]),
+                q(g["output"]),
+            ]
+            for g in report["grid_samplers"]
+        ],
+    )
+    if report.get("grid_sampler_paths"):
+        lines += ["", "Where each grid sampler runs (vgf-compute-segment: inside the VGF, etkit's "
+                  "shader; etkit-delegate: etkit's own delegate):", ""]  # fmt: skip
+        lines += _table(
+            ["node", "path", "why not in the VGF", "params"],
+            [
+                [
+                    p["node"],
+                    p["path"],
+                    p.get("reason") or "",
+                    (p.get("segment") or {}).get("params", ""),
+                ]
+                for p in report["grid_sampler_paths"]
+            ],
+        )
+    lines += ["", "## Inputs and outputs", ""]
+    rows = []
+    for kind in ("inputs", "outputs"):
+        for e in report["io"][kind]:
+            texture = e["texture"]["format"] if e.get("texture") else ""
+            scale = "" if e["scale"] is None else f"{e['scale']:.6g}"
+            rows.append(
+                [
+                    kind[:-1],
+                    e["index"],
+                    e["name"],
+                    e.get("shape"),
+                    e.get("dim_order"),
+                    e.get("dtype"),
+                    scale,
+                    e["zero_point"],
+                    texture,
+                ]
+            )
+    lines += _table(
+        ["", "index", "name", "shape", "dim order", "dtype", "scale", "zero point", "texture"], rows
+    )
+    lines += [
+        "",
+        "## Saturation (calibration data each fixed range clips: more than half a step outside)",
+        "",
+    ]
+    lines += (
+        _table(
+            ["boundary", "qspec", "range", "clipped", "observed", "verdict"],
+            [
+                [
+                    s["name"],
+                    s["qspec"],
+                    f"[{s['range'][0]:.6g}, {s['range'][1]:.6g}]",
+                    f"{s['outside']} of {s['total']} ({100 * s['fraction']:.3g} %)",
+                    f"[{s['observed'][0]:.6g}, {s['observed'][1]:.6g}]",
+                    "ok"
+                    if s["passes"]
+                    else "**clips**" + (f": use {s['instead']}" if s["instead"] else ""),
+                ]
+                for s in report.get("saturation", [])
+            ],
+        )
+        if report.get("saturation")
+        else ["(no fixed-range boundary)"]
+    )
+
+    lines += float_ops_markdown(report.get("float_ops"))
+    if report.get("verification"):
+        runner = report["verification"].get("runner", "executorch.runtime")
+        lines += ["", f"## Verification ({runner})", ""]
+        lines += verdict_markdown(report["verification"].get("verdict"), top=False)
+        lines += _table(
+            ["output", "vs", "max abs error", "PSNR dB", "int8 steps (max; 0/1/2/more)"],
+            [
+                [
+                    v["output"],
+                    v["reference"],
+                    f"{v['max_abs_error']:.6g}",
+                    _db(v["psnr_db"]),
+                    f"{v['max_steps']}; " + "/".join(map(str, v["steps_histogram"].values()))
+                    if "max_steps" in v
+                    else "",
+                ]
+                for v in report["verification"]["comparisons"]
+            ],
+        )
+        calls = report["verification"].get("delegates")
+        if calls:
+            lines += [
+                "",
+                "Delegate calls of that run. A grid-sampler call's output is compared with the "
+                "grid-sampler contract's ideal (float64 grid_sample of the integer inputs the "
+                "program gave it, quantized); the contract allows 1 step for bilinear and none "
+                "for nearest away from rounding ties.",
+                "",
+            ]
+            lines += _table(
+                ["instruction", "backend", "ran on", "ms", "steps vs ideal (max; 0/1/2/more)"],
+                [
+                    [
+                        c["instruction"],
+                        c["backend"] + (f" ({c['mode']})" if "mode" in c else ""),
+                        c["implementation"],
+                        f"{1000 * c['seconds']:.2f}",
+                        f"{c['max_steps_vs_ideal']}; "
+                        + "/".join(map(str, c["steps_histogram"].values()))
+                        + (f"; {c['ties']} ties" if "ties" in c else "")
+                        if "max_steps_vs_ideal" in c
+                        else "",
+                    ]
+                    for c in calls
+                ],
+            )
+        for v in report["verification"]["comparisons"]:
+            if v.get("picture"):
+                alt = f"output {v['output']}: float model, program, error"
+                lines += ["", f"![{alt}]({v['picture']})"]
+    lines += inspection_markdown(report.get("inspect"))
+    if report.get("scenario"):
+        lines += ["", *scenario_markdown(report["scenario"])]
+    lines += ["", "## Stage timings", ""]
+    if "timings_s" in report:
+        lines += _table(["stage", "seconds"], [[k, v] for k, v in report["timings_s"].items()])
+    else:
+        lines.append(f"In {TIMINGS_NAME} (measured times differ from run to run; this report not).")
+    lines += ["", "## Toolchain", ""]
+    lines += _table(["package", "version"], [[k, v] for k, v in report["versions"].items()])
+    return "\n".join(lines) + "\n"
+
+
+def _db(value: float | None) -> str:
+    return "inf (identical)" if value is None else f"{value:.2f}"
+
+
+def verdict_markdown(verdict: dict[str, Any] | None, *, top: bool) -> list[str]:
+    """The verdict in report.md: at the ``top`` of the report only a failure (one line per
+    fact); in the Verification section the verdict, the tolerance and, for a failure, the table
+    of delegate calls against the quantized PT2E model with the first failing one marked."""
+
+    if not verdict:
+        return []
+    failed = verdict.get("result") == "fail"
+    if top:
+        if not failed:
+            return []
+        return [
+            "**Verification failed**: this program is not within tolerance of the quantized "
+            "PT2E model; it was kept for inspection and not put in place of the artifacts "
+            "folder.",
+            "",
+            *[f"- {line}" for line in verdict_lines(verdict)],
+            "",
+        ]
+    tolerance = verdict.get("tolerance", {})
+    lines = [
+        f"Verdict: **{'fail' if failed else 'pass'}** against the quantized PT2E model; "
+        'tolerance (README, "Verification verdict"): PSNR >= '
+        f"{tolerance.get('min_psnr_db', 0):g} dB, at most "
+        f"{100 * tolerance.get('max_fraction', 0):g} % of values more than "
+        f"{tolerance.get('steps', 0):g} steps (float outputs: "
+        f"{100 * tolerance.get('float_error', 0):g} % of the range) off, mean error within "
+        f"{tolerance.get('max_bias_steps', 0):g} steps.",
+        "",
+    ]
+    calls = verdict.get("delegate_calls")
+    if calls:
+        lines += [
+            "Where it diverges: each delegate call's output against the quantized PT2E model's "
+            "value of the same tensor (the ETRecord's quantized graph on the same inputs).",
+            "",
+        ]
+        lines += _table(
+            ["instruction", "backend", "ops", "output node", "PSNR dB", "steps max",
+             "beyond tolerance", "verdict"],
+            [
+                [
+                    c["instruction"],
+                    c["backend"],
+                    c.get("ops") or "",
+                    c.get("node") or "",
+                    _db(c["psnr_db"]) if "psnr_db" in c else "",
+                    "" if c.get("max_steps") is None else c["max_steps"],
+                    f"{100 * c['fraction_over']:.3g} %" if "fraction_over" in c else "",
+                    "not compared"
+                    if "passes" not in c
+                    else "ok"
+                    if c["passes"]
+                    else "**first to fail**"
+                    if c.get("first_failing")
+                    else "fails",
+                ]
+                for c in calls
+            ],
+        )  # fmt: skip
+        lines.append("")
+    return lines
+
+
+def inspection_markdown(inspection: dict[str, Any] | None) -> list[str]:
+    """report.md's "Inspection" section, from report.json's ``inspect`` (``etkit inspect``
+    writes it; none before)."""
+    if not inspection:
+        return []
+
+    def figure(result: dict[str, Any] | None, steps: bool) -> str:
+        if not result or "skipped" in result:
+            return ""
+        text = _db(result.get("psnr_db"))
+        if steps and "max_steps" in result:
+            text = f"{result['max_steps']} steps, {text}"
+        return text + (f" ({result['note']})" if result.get("note") else "")
+
+    lines = ["", f"## Inspection ({inspection['runner']})", ""]
+    lines += [f"{note}." for note in inspection.get("notes", [])]
+    lines += [
+        "",
+        "Each instruction's output against the same node in the quantized graph and in the "
+        "float model (PSNR dB; quantization steps for integer tensors); see "
+        "apps/exporter/docs/inspect.md.",
+        "",
+    ]
+    lines += _table(
+        ["instr", "event", "backend", "ms", "vs quantized", "vs float", "vs ideal", "source"],
+        [
+            [
+                "" if r["instruction"] is None else r["instruction"],
+                ("&nbsp;&nbsp;" * r["depth"]) + r["event"],
+                r["backend"],
+                "" if r["ms"] is None else f"{r['ms']:.3f}",
+                figure(r["vs_quantized"], True),
+                figure(r["vs_float"], False),
+                f"{r['vs_ideal']['max_steps_vs_ideal']} steps" if r.get("vs_ideal") else "",
+                r["node"] or r["ops"],
+            ]
+            for r in inspection["rows"]
+        ],
+    )
+    lines.append("")
+    for o in inspection.get("outputs", []):
+        line = (
+            f"Output {o['output']}: {_db(o.get('vs_quantized_psnr_db'))} dB against the quantized "
+            f"model, {_db(o.get('vs_float_psnr_db'))} dB against the float model"
+        )
+        if "verification_vs_quantized_psnr_db" in o:
+            line += (
+                f" (the verification: {_db(o.get('verification_vs_quantized_psnr_db'))} and "
+                f"{_db(o.get('verification_vs_float_psnr_db'))} dB)"
+            )
+        lines += [line + ".", ""]
+    return lines[:-1] if lines[-1] == "" else lines
+
+
+TIMINGS_NAME = "timings.json"
+
+
+def write_report(report: dict[str, Any], folder: Path) -> None:
+    """``report.json`` and ``report.md`` in ``folder``, and the stage timings (``timings_s``,
+    which differ from run to run) apart in ``timings.json``, so that two exports of one model
+    write the same report files (and manifest)."""
+    timings = report.get("timings_s")
+    written = {k: v for k, v in report.items() if k != "timings_s"}
+    (folder / "report.json").write_text(json.dumps(written, indent=2, default=str) + "\n")
+    (folder / "report.md").write_text(render_markdown(written))
+    if timings is not None:
+        (folder / TIMINGS_NAME).write_text(json.dumps({"timings_s": timings}, indent=2) + "\n")

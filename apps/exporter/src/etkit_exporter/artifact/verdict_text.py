@@ -1,0 +1,57 @@
+"""A verification verdict (report.json's ``verification["verdict"]``) in words: one line per
+failing output and where the program first diverges, for report.md, ``etkit inspect`` and the
+``VerificationError`` message."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+QUANTIZED_REFERENCE: Final = "quantized PT2E model"
+
+
+def verdict_lines(verdict: Mapping[str, Any]) -> list[str]:
+    """One line per fact of a failed verdict: each failing output (by how much), where the
+    program first diverges."""
+    lines = []
+    for o in verdict.get("outputs", []):
+        if o.get("passes", True):
+            continue
+        figures = [_db_text(o.get("psnr_db"))]
+        if "max_steps" in o:
+            figures.append(f"{o['max_steps']} steps max")
+        figures.append(f"max abs error {o['max_abs_error']:.4g}")
+        lines.append(
+            f"output {o['output']} vs the {QUANTIZED_REFERENCE}: {', '.join(figures)}; "
+            + "; ".join(o.get("reasons", []))
+        )
+    divergence = verdict.get("divergence")
+    if divergence:
+        lines.append("first divergence: " + divergence_text(divergence))
+    elif verdict.get("result") == "fail":
+        lines.append(
+            "first divergence: "
+            + str(verdict.get("localization_note") or "no delegate call's output could be compared")
+        )
+    return lines
+
+
+def divergence_text(divergence: Mapping[str, Any]) -> str:
+    """A divergence (``localize``'s first failing call) in one line."""
+    what = f"instruction {divergence['instruction']}, {divergence['backend']} delegate"
+    if divergence.get("ops"):
+        what += f" ({divergence['ops']})"
+    figures = [_db_text(divergence.get("psnr_db"))]
+    if divergence.get("max_steps") is not None:
+        figures.append(f"{divergence['max_steps']} steps max")
+    text = f"{what}: its output {divergence.get('node') or ''} is {', '.join(figures)} from the "
+    text += f"{QUANTIZED_REFERENCE}'s value of the same tensor"
+    if divergence.get("reasons"):
+        text += f" ({'; '.join(divergence['reasons'])})"
+    if divergence.get("source"):
+        text += f"; source: {divergence['source']}"
+    return text
+
+
+def _db_text(value: float | None) -> str:
+    return "identical (inf dB)" if value is None else f"{value:.2f} dB"

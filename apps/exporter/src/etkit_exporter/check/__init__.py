@@ -1,0 +1,2 @@
+"""Checking a written program: the verdict, verification runs, pictures, bundled programs,
+``etkit inspect``."""

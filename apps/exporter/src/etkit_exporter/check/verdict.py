@@ -1,0 +1,515 @@
+"""The verdict of a verification: whether each output of the written program is close enough to
+the quantized PT2E model (the program's own definition), and, when one is not, the first delegate
+call whose output diverges from that model's value of the same tensor.
+
+The tolerance (``VerifyTolerance``) is written down in apps/exporter/README.md ("Verification
+verdict") with its reasoning. In short, for an integer output in steps of its scale, all of:
+
+- PSNR against the quantized PT2E model of at least ``min_psnr_db`` (a scrambled or wrong
+  output is 8-32 dB; rounding differences along a network leave 44 dB and more), unless no
+  value is more than one step off (rounding, however few steps the tensor spans);
+- at most ``max_fraction`` of the values more than ``steps`` steps off (a warp by a flow one
+  step off moves a few textured pixels by many steps: RAFT's warped frame 26 steps at a few
+  pixels; a kernel that is wrong is wrong nearly everywhere);
+- a mean signed error of at most ``max_bias_steps`` steps (rounding differences are as often up
+  as down; a kernel or layout that shifts values is not).
+
+A float output is judged the same way with ``float_error`` (a fraction of the reference's range)
+in place of ``steps`` (no bias rule); in a float export (no quantization), whose reference is
+the float model itself, its PSNR floor is ``float_min_psnr_db``.
+
+``etkit run model.bpte`` checks a bundled program's outputs by the same rule
+(``within_tolerance``: at most a fraction of the values more than k steps off), with the bundle's
+own tolerance (k = 0 steps, no value off: the integer paths are exact).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+from executorch.devtools import Inspector
+from executorch.devtools.etrecord import parse_etrecord
+
+from etkit_exporter.artifact.etrecord import ETRECORD_NAME, INSTRUCTION_MAP_NAME
+from etkit_exporter.artifact.staging import check_destination
+from etkit_exporter.artifact.verdict_text import QUANTIZED_REFERENCE, verdict_lines
+from etkit_exporter.check.metrics import psnr, within_tolerance
+from etkit_exporter.check.references import quantize_qparams, reference_values
+from etkit_exporter.core.errors import ExportError
+from etkit_exporter.core.io_params import program_input
+from etkit_exporter.programs.runtime import run_with_etdump
+
+FAILED_SUFFIX: Final = ".failed-verification"
+
+
+@dataclass(frozen=True)
+class VerifyTolerance:
+    """How far an output of the written program may be from the quantized PT2E model (see the
+    module docstring and the README). Give it as ``export_model(verify_tolerance=...)``, or as
+    text (``parse_tolerance``: ``"psnr=36,steps=2,fraction=0.1"``) to ``--verify-tolerance`` and
+    ``verify_tolerance`` in ``export.toml``."""
+
+    min_psnr_db: float = 36.0
+    steps: int = 2
+    max_fraction: float = 0.10
+    max_bias_steps: float = 0.5
+    float_error: float = 0.02
+    float_min_psnr_db: float = 60.0
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"VerifyTolerance.{item.name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(
+                    f"VerifyTolerance.{item.name} must be a finite number >= 0, got {value!r}"
+                )
+        if int(self.steps) != self.steps:
+            raise ValueError(f"VerifyTolerance.steps must be a whole number, got {self.steps!r}")
+        if self.max_fraction > 1:
+            raise ValueError(
+                f"VerifyTolerance.max_fraction is a fraction (0..1), got {self.max_fraction!r}"
+            )
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+    def text(self) -> str:
+        """The tolerance as ``parse_tolerance`` reads it."""
+        values = self.as_dict()
+        return ",".join(f"{key}={values[name]:g}" for key, name in TOLERANCE_KEYS.items())
+
+
+# The keys of the text form and the fields they set
+TOLERANCE_KEYS: Final = {
+    "psnr": "min_psnr_db",
+    "steps": "steps",
+    "fraction": "max_fraction",
+    "bias": "max_bias_steps",
+    "float-error": "float_error",
+    "float-psnr": "float_min_psnr_db",
+}
+
+
+def parse_tolerance(text: str) -> VerifyTolerance:
+    """A ``VerifyTolerance`` from ``key=value`` pairs separated by commas (keys: psnr, steps,
+    fraction, bias, float-error, float-psnr; each one left out keeps its default); ``ValueError``
+    naming the wrong pair otherwise."""
+    if not isinstance(text, str):
+        raise TypeError(f"a verify tolerance is text such as 'psnr=36,steps=2', got {text!r}")
+    values: dict[str, float] = {}
+    for pair in (p.strip() for p in text.split(",")):
+        if not pair:
+            continue
+        key, sep, number = (s.strip() for s in pair.partition("="))
+        key = key.replace("_", "-")
+        if not sep or key not in TOLERANCE_KEYS:
+            raise ValueError(
+                f"verify tolerance {text!r}: {pair!r} is not KEY=NUMBER with KEY one of "
+                f"{', '.join(TOLERANCE_KEYS)} (e.g. 'psnr=36,steps=2,fraction=0.1')"
+            )
+        if key == "fraction" and number.endswith("%"):
+            number, scale = number[:-1], 0.01
+        else:
+            scale = 1.0
+        try:
+            values[TOLERANCE_KEYS[key]] = float(number) * scale
+        except ValueError:
+            raise ValueError(f"verify tolerance {text!r}: {number!r} is not a number") from None
+    if "steps" in values:
+        steps = values["steps"]
+        if steps != int(steps):
+            raise ValueError(f"verify tolerance {text!r}: steps must be a whole number")
+        values["steps"] = int(steps)
+    try:
+        return VerifyTolerance(**values)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"verify tolerance {text!r}: {error}") from None
+
+
+def check_tolerance(value: object) -> VerifyTolerance:
+    """``value`` as a ``VerifyTolerance``: ``None`` (the defaults), one, or its text."""
+    if value is None:
+        return VerifyTolerance()
+    if isinstance(value, VerifyTolerance):
+        return value
+    if isinstance(value, str):
+        return parse_tolerance(value)
+    raise TypeError(
+        f"verify_tolerance must be a VerifyTolerance or text such as 'psnr=36,steps=2', got "
+        f"{type(value).__name__}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Judging one tensor
+
+
+def judge_tensor(
+    actual: torch.Tensor,
+    reference: torch.Tensor,
+    scale: float | None,
+    tolerance: VerifyTolerance,
+    *,
+    float_reference: bool = False,
+) -> dict[str, Any]:
+    """``actual`` against ``reference`` (both real values, the same shape): PSNR, max abs error,
+    and, with ``scale`` (an integer tensor's step), the steps apart (max, share more than
+    ``tolerance.steps`` off, mean signed error); without, the share further than
+    ``tolerance.float_error`` of the reference's range. ``float_reference``: the reference is
+    the float model (a float export), so the float PSNR floor applies. Returns the figures,
+    ``passes`` and, when it does not, ``reasons`` (one line each)."""
+    a, r = actual.double().reshape(-1), reference.double().reshape(-1)
+    difference = a - r
+    db = psnr(a, r)
+    result: dict[str, Any] = {
+        "psnr_db": db,
+        "max_abs_error": float(difference.abs().max()) if difference.numel() else 0.0,
+    }
+    reasons: list[str] = []
+    if scale is not None:
+        signed = torch.round(difference / scale)
+        off = signed.abs()
+        result["max_steps"] = int(off.max()) if off.numel() else 0
+        result["fraction_over"] = (
+            float((off > tolerance.steps).double().mean()) if off.numel() else 0.0
+        )
+        result["mean_steps"] = float(signed.mean()) if off.numel() else 0.0
+        floor = tolerance.min_psnr_db
+        if not within_tolerance(
+            int((off > tolerance.steps).sum()), off.numel(), tolerance.max_fraction
+        ):
+            reasons.append(
+                f"{100 * result['fraction_over']:.3g} % of values more than {tolerance.steps} "
+                f"steps off (at most {100 * tolerance.max_fraction:g} %)"
+            )
+        if abs(result["mean_steps"]) > tolerance.max_bias_steps:
+            reasons.append(
+                f"mean error {result['mean_steps']:+.3g} steps (at most "
+                f"{tolerance.max_bias_steps:g} either way)"
+            )
+    else:
+        peak = float(r.max() - r.min()) if r.numel() else 0.0
+        limit = tolerance.float_error * (peak or 1.0)
+        off = difference.abs()
+        result["fraction_over"] = float((off > limit).double().mean()) if off.numel() else 0.0
+        floor = tolerance.float_min_psnr_db if float_reference else tolerance.min_psnr_db
+        if not within_tolerance(int((off > limit).sum()), off.numel(), tolerance.max_fraction):
+            reasons.append(
+                f"{100 * result['fraction_over']:.3g} % of values more than "
+                f"{100 * tolerance.float_error:g} % of the reference's range off (at most "
+                f"{100 * tolerance.max_fraction:g} %)"
+            )
+    # Within one step everywhere is rounding, whatever the PSNR: a tensor whose values span a
+    # few steps (RAFT's correlation lookups) is 33 dB from its reference at one step.
+    rounding_only = scale is not None and result["max_steps"] <= 1
+    if db is not None and db < floor and not rounding_only:
+        reasons.insert(0, f"PSNR {db:.2f} dB (at least {floor:g} dB)")
+    result["passes"] = not reasons
+    if reasons:
+        result["reasons"] = reasons
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The verdict on the outputs
+
+
+def judge_outputs(
+    actual: Sequence[torch.Tensor],
+    references: Sequence[torch.Tensor],
+    io_outputs: Sequence[Mapping[str, Any]],
+    tolerance: VerifyTolerance,
+    *,
+    float_export: bool = False,
+) -> dict[str, Any]:
+    """report.json's ``verification["verdict"]``: each program output (dequantized, in any
+    layout of the reference's shape) against the quantized PT2E model's (``references``), with
+    the scale of ``io_outputs`` (``io_quant_params.json``'s). ``{"result": "pass" | "fail",
+    "tolerance": {...}, "outputs": [...], "failing_outputs": [...], "divergence": None}``."""
+    outputs = []
+    for index, (y, ref, entry) in enumerate(zip(actual, references, io_outputs, strict=True)):
+        y = y.contiguous().reshape(ref.shape)
+        judged = judge_tensor(y, ref, entry.get("scale"), tolerance, float_reference=float_export)
+        outputs.append({"output": index, "reference": QUANTIZED_REFERENCE, **judged})
+    failing = [o for o in outputs if not o["passes"]]
+    return {
+        "result": "fail" if failing else "pass",
+        "tolerance": tolerance.as_dict(),
+        "outputs": outputs,
+        "failing_outputs": [o["output"] for o in failing],
+        "divergence": None,
+    }
+
+
+class VerificationError(ExportError):
+    """``export_model(..., verify=True)``: an output of the written program is further from the
+    quantized PT2E model than the tolerance allows. ``failures``: per failing output its index,
+    ``psnr_db``, ``max_steps`` (integer outputs), ``max_abs_error``, ``fraction_over``, the
+    ``reasons`` and the ``tolerance``; ``divergence``: the first delegate call whose output
+    diverges (instruction, backend, ops, node, figures, source line), or ``None``; ``kept``: the
+    folder holding the failed export (beside ``artifacts_root``), or ``None``. The message has
+    one line per fact."""
+
+    def __init__(
+        self,
+        failures: list[dict[str, Any]],
+        divergence: dict[str, Any] | None,
+        kept: Path | None,
+        lines: Sequence[str],
+        root: Path | None = None,
+    ) -> None:
+        self.failures = failures
+        self.divergence = divergence
+        self.kept = kept
+        text = ["verification failed: the written program is not within tolerance of the "
+                f"{QUANTIZED_REFERENCE}", *lines]  # fmt: skip
+        if kept is not None:
+            where = f"; {root} is as it was" if root is not None else ""
+            text.append(f"the failed export is kept in {kept} (its report.md says why){where}")
+        super().__init__("\n".join(text))
+
+
+def verification_error(
+    verdict: Mapping[str, Any], kept: Path | None, root: Path | None = None
+) -> VerificationError:
+    """The ``VerificationError`` of a failed ``verdict``."""
+    tolerance = dict(verdict.get("tolerance", {}))
+    failures = [
+        {**{k: v for k, v in o.items() if k != "passes"}, "tolerance": tolerance}
+        for o in verdict.get("outputs", [])
+        if not o.get("passes", True)
+    ]
+    divergence = verdict.get("divergence")
+    return VerificationError(
+        failures, dict(divergence) if divergence else None, kept, verdict_lines(verdict), root
+    )
+
+
+def failed_folder(root: Path) -> Path:
+    """Where a failed verification's export is kept: ``DIR.failed-verification`` beside ``DIR``."""
+    return root.with_name(root.name + FAILED_SUFFIX)
+
+
+# ---------------------------------------------------------------------------------------------
+# Localization: the first delegate call whose output diverges
+
+
+def localize(
+    folder: Path,
+    tolerance: VerifyTolerance,
+    delegate_calls: Sequence[Any] | None,
+    io_params: Mapping[str, Any],
+    *,
+    float_export: bool = False,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str | None]:
+    """Each delegate call of a run of ``folder/model.pte`` on the example inputs against the
+    quantized PT2E model's value of the same tensor (the node of the ETRecord's quantized edge
+    graph that ``etrecord.json`` says the call writes, that graph run on the same inputs):
+    figures and verdict by ``judge_tensor``. ``delegate_calls``: the runner's records of the
+    verified run (``keep_delegate_io``); ``None`` runs the program again in
+    ``executorch.runtime`` with an ETDump and reads the delegate calls' outputs from its debug
+    buffer. Returns the first failing call (``None`` if none), every row, and a note when
+    nothing could be compared."""
+
+    record_path, map_path = folder / ETRECORD_NAME, folder / INSTRUCTION_MAP_NAME
+    if not record_path.is_file() or not map_path.is_file():
+        return (
+            None,
+            [],
+            f"the export has no {ETRECORD_NAME} and {INSTRUCTION_MAP_NAME} to map delegate "
+            "outputs to graph nodes",
+        )
+    record = parse_etrecord(str(record_path))
+    mapping = json.loads(map_path.read_text())["instructions"]
+    references = reference_values(record)
+    observed = (
+        _runner_outputs(delegate_calls)
+        if delegate_calls is not None
+        else _etdump_outputs(folder, record, io_params)
+    )
+    rows: list[dict[str, Any]] = []
+    first: dict[str, Any] | None = None
+    for instruction, backend, outputs in observed:
+        entry = mapping.get(str(instruction)) or {}
+        names = entry.get("outputs") or []
+        row: dict[str, Any] = {
+            "instruction": instruction,
+            "backend": backend,
+            "ops": entry.get("ops", ""),
+            "delegate": entry.get("lowered_module"),
+        }
+        judged: list[dict[str, Any]] = []
+        outputs = list(outputs)[-len(names) :] if names else []  # an ETDump logs inputs first
+        for k, (value, name) in enumerate(zip(outputs, names, strict=False)):
+            reference = references.quantized.get(name) if name else None
+            if not isinstance(value, torch.Tensor) or not isinstance(reference, torch.Tensor):
+                continue
+            if value.numel() != reference.numel():
+                continue
+            qparams = quantize_qparams(references.nodes.get(name))
+            if qparams is not None and not value.dtype.is_floating_point:
+                scale, zero_point = qparams
+                actual = (value.double() - zero_point) * scale
+                expected = (reference.double() - zero_point) * scale
+                figures = judge_tensor(
+                    actual.reshape(expected.shape), expected, _judged_step(value, scale), tolerance
+                )
+            elif value.dtype.is_floating_point:
+                figures = judge_tensor(
+                    value.double().reshape(reference.shape),
+                    reference.double(),
+                    None,
+                    tolerance,
+                    float_reference=float_export,
+                )
+            else:
+                continue
+            judged.append({"output": k, "node": name, **figures})
+        if judged:
+            worst = min(judged, key=lambda j: (j["passes"], -(j.get("max_steps") or 0)))
+            row.update(
+                {
+                    "node": worst["node"],
+                    "psnr_db": worst["psnr_db"],
+                    "max_steps": worst.get("max_steps"),
+                    "max_abs_error": worst["max_abs_error"],
+                    "fraction_over": worst["fraction_over"],
+                    "passes": all(j["passes"] for j in judged),
+                }
+            )
+            if not row["passes"]:
+                row["reasons"] = worst.get("reasons", [])
+                row["source"] = _source_line(references.nodes.get(worst["node"]))
+        rows.append(row)
+        if first is None and row.get("passes") is False:
+            row["first_failing"] = True
+            first = dict(row)
+    note = None
+    if not any("passes" in row for row in rows):
+        note = "no delegate call's output maps to a node of the quantized graph"
+    return first, rows, note
+
+
+def _judged_step(value: torch.Tensor, scale: float) -> float:
+    """The step a delegate's integer output is judged in: its own for 8 bits; for wider types
+    the step of the same range in 8 bits (the tolerance's steps are 8-bit steps: an int16 grid
+    computed in float on two backends is a few of its own steps apart, 0.0003 of the range, as
+    RAFT's lookup grids measured 16 steps and 78.8 dB)."""
+    bits = torch.iinfo(value.dtype).bits if not value.dtype.is_floating_point else 8
+    return scale * 2.0 ** max(0, bits - 8)
+
+
+def _runner_outputs(calls: Sequence[Any]) -> list[tuple[int, str, list[torch.Tensor]]]:
+    return [
+        (int(call.instruction), str(call.backend_id), list(call.outputs or ())) for call in calls
+    ]
+
+
+def _etdump_outputs(
+    folder: Path, record: Any, io_params: Mapping[str, Any]
+) -> list[tuple[int, str, list[torch.Tensor]]]:
+    """The delegate calls of a run of ``folder/model.pte`` in ``executorch.runtime`` with an
+    ETDump, on the record's representative inputs: instruction, backend, and the tensors its
+    debug buffer holds for the call (its inputs, then its outputs: ``localize`` takes the
+    last ones)."""
+
+    inputs = [
+        program_input(x, entry)
+        for x, entry in zip(record._representative_inputs, io_params["inputs"], strict=True)
+    ]
+    found: list[tuple[int, str, list[torch.Tensor]]] = []
+    with tempfile.TemporaryDirectory(prefix="etkit-verdict-") as scratch:
+        etdump, debug = Path(scratch) / "run.etdp", Path(scratch) / "run.debug"
+        run_with_etdump(folder / "model.pte", inputs, etdump, debug)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            inspector = Inspector(
+                etdump_path=str(etdump), etrecord=record, debug_buffer_path=str(debug)
+            )
+        for block in inspector.event_blocks:
+            for event in block.events:
+                instruction = getattr(event, "_instruction_id", None)
+                if event.name != "DELEGATE_CALL" or instruction is None:
+                    continue
+                data = [d for d in (event.debug_data or []) if isinstance(d, torch.Tensor)]
+                found.append((int(instruction), str(event.delegate_backend_name or ""), data))
+    return found
+
+
+_FRAME: Final = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
+_QDQ_NAMES: Final = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_channel",
+                     "dequantize_per_channel", "_to_dim_order_copy", "clone")  # fmt: skip
+
+
+def _source_line(node: torch.fx.Node | None) -> str | None:
+    """The model's source line that computes ``node``'s value (its stack trace's innermost frame
+    outside torch), through the quantize/dequantize and layout copies after it."""
+    for _ in range(8):
+        if node is None:
+            return None
+        trace = node.meta.get("stack_trace")
+        if isinstance(trace, str) and not any(q in str(node.target) for q in _QDQ_NAMES):
+            frames = [
+                m
+                for m in _FRAME.finditer(trace)
+                if "torch/" not in m.group(1) and "torchao/" not in m.group(1)
+            ]
+            if frames:
+                file, line, function, code = frames[-1].groups()
+                return f"{file}:{line} in {function}: {code.strip()}"
+        previous = node.args[0] if node.args else None
+        node = previous if isinstance(previous, torch.fx.Node) else None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# A failed verification's export: kept beside the artifacts folder, never in its place
+
+
+def failed_destination(root: Path, force: bool) -> Any:
+    """The ``artifacts.Destination`` a failed verification's export goes to
+    (``failed_folder(root)``), checked before any work as the artifacts folder is: an earlier
+    failed export there is replaced only with ``force``."""
+
+    return check_destination(failed_folder(Path(root)), force)
+
+
+def keep_failed(
+    staging: Any,
+    destination: Any,
+    force: bool,
+    producer: dict[str, Any],
+    verification: Mapping[str, Any],
+    root: Path,
+) -> None:
+    """When ``verification``'s verdict failed: commits ``staging`` (an ``artifacts.Staging``
+    holding the whole export, its report saying "verification failed") to ``destination``
+    (``failed_destination``) instead of the artifacts folder, its manifest saying so, and raises
+    the ``VerificationError``. Returns when the verdict passed."""
+    verdict = verification.get("verdict") or {}
+    if verdict.get("result") != "fail":
+        return
+    staging.retarget(destination)
+    staging.commit(force, producer={**producer, "verification": "failed"})
+    raise verification_error(verdict, destination.requested, root)
+
+
+def verdict_notes(verification: Mapping[str, Any] | None) -> list[str]:
+    """What ``etkit inspect`` says of an export's verdict (report.json's), one line each."""
+    verdict = (verification or {}).get("verdict")
+    if not verdict:
+        return ["verification verdict: none (export with --verify)"]
+    tolerance = VerifyTolerance(**{k: v for k, v in verdict.get("tolerance", {}).items()})
+    lines = [f"verification verdict: {verdict.get('result')} (tolerance {tolerance.text()})"]
+    return lines + verdict_lines(verdict)

@@ -1,0 +1,1 @@
+"""The command-line tools: etkit (run, inspect, doctor, vulkan-env) and etkit-export."""

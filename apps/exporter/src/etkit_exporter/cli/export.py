@@ -1,0 +1,796 @@
+"""``etkit-export``: export a built-in demo or your own model from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import logging
+import math
+import os
+import re
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from etkit_exporter.cli.config import CONFIG_NAME, OPTIONS, render_config
+from etkit_exporter.cli.main import ArgumentParser, quiet_third_party_noise
+from etkit_exporter.cli.main import version_line as _version_line
+from etkit_exporter.core.diagnostics import root_cause
+
+# The pipeline and the modules that import ExecuTorch's backends are imported in the functions
+# that use them: importing them takes 11 s beyond torch here, and prints torchao's and ExecuTorch's
+# import-time messages unless quiet_third_party_noise() runs first; `etkit-export --help` and
+# every usage error answer without them.
+
+EXAMPLES = """examples:
+  etkit-export demo                # the flow-warp demo, for VGF, into artifacts/flow-warp-vgf
+  etkit-export demo stn --target xnnpack --verify
+  etkit-export --model mypkg.models:make_warp --input-shape 1x3x256x256 --input-shape 1x3x256x256 \\
+               --quant-input snorm8 --quant-input snorm8 --quant-output snorm8 --out out/warp
+  etkit-export demo resample --quant-input snorm8 --quant-input snorm16 \\
+               --quant-output q0.7 --quant-output float --force
+  etkit-export --model mypkg.models:make_warp --calibration frames/ --image-range -1,1 \\
+               --quant-grid q1.14
+
+defaults: every boundary and grid-sampler qspec not given is chosen from the calibration data
+(the example inputs when --calibration is absent): snorm8 for values in [-1, 1], snorm16 for grids
+in [-1, 1], a power-of-two int16 scale covering wider grids, observed int8 otherwise. Each fixed
+range is checked against the calibration data: the share outside it is reported (saturation),
+with a warning past 0.1 %.
+
+qspecs: snorm8 (int8, 1/127), snorm16 (int16, 1/32767), unorm8 (uint8, 1/255: refused for now,
+ExecuTorch 1.5.1 computes uint8 wrongly in XNNPACK and cannot lower it for VGF), qM.N (a Q-format:
+M integer and N fraction bits, 8 bits when M+N < 8, else 16), float (leave that input/output float).
+exit status: 0 exported, 1 the export failed, 2 usage error (each with a one-line reason on stderr).
+"""
+
+
+class UsageError(Exception):
+    """A mistake in the command line."""
+
+
+class ModelError(Exception):
+    """The user's model could not be built (its factory raised)."""
+
+
+class _Parser(ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from etkit_exporter.export.arguments import TARGETS, VGF_TOSA_SPEC
+    from etkit_exporter.export.demos import DEMOS
+
+    parser = _Parser(
+        prog="etkit-export",
+        description="Export a grid-sampling PyTorch model to an integer-IO ExecuTorch program "
+        "(VGF or XNNPACK, with etkit's grid sampler), with its artifacts and report.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "demo", nargs="*", metavar="demo [NAME]",
+        help=f"export a built-in demo: {', '.join(DEMOS)} (default flow-warp)",
+    )  # fmt: skip
+    parser.add_argument(
+        "-m", "--model", metavar="MODEL",
+        help="your model: MODULE:FACTORY, FILE.py:FACTORY, FILE.py (defining ModelUnderTest and "
+        "ModelInputs, as ExecuTorch's Arm compiler reads it) or FILE.pt2 (torch.export.save)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--inputs", "--model_input", metavar="FILE",
+        help="example inputs: a .pt (a tensor, or a tuple or list of them) or a .npz (arrays in "
+        "the order saved)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--input-shape", action="append", default=[], metavar="NxCxHxW",
+        help="shape of one example input (repeat per input; needed when the factory returns "
+        "only the module)",
+    )  # fmt: skip
+    parser.add_argument("--quant-input", action="append", metavar="QSPEC", help="per input")
+    parser.add_argument("--quant-output", action="append", metavar="QSPEC", help="per output")
+    parser.add_argument(
+        "--quant-grid", metavar="QSPEC",
+        help="the grid samplers' grid qspec (default: from the calibration data)",
+    )  # fmt: skip
+    parser.add_argument("--quant-sampler-image", metavar="QSPEC", help="grid samplers' image")
+    parser.add_argument("--quant-sampler-output", metavar="QSPEC", help="grid samplers' output")
+    parser.add_argument(
+        "--calibration", metavar="PATH",
+        help="calibration samples: a folder or glob of .npy/.npz/.pt files or images",
+    )  # fmt: skip
+    parser.add_argument(
+        "--image-range", metavar="LOW,HIGH",
+        help="the value range images in --calibration map to, e.g. -1,1 or 0,1",
+    )  # fmt: skip
+    parser.add_argument("--no-quant", action="store_true", help="export in float")
+    parser.add_argument(
+        "-t", "--target", choices=TARGETS, default="vgf",
+        help="vgf: Arm's ML extensions for Vulkan (a GPU), with etkit's grid sampler inside "
+        "the VGF; xnnpack: CPUs, the grid sampler on etkit's CPU kernel (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tosa-spec", metavar="SPEC",
+        help=f"the TOSA specification VGF lowers to (default {VGF_TOSA_SPEC}; vgf only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grid-math", choices=("float", "int"),
+        help="float (default): only the coordinate arithmetic between the last conv/linear/"
+        "pooling/resize and each grid sampler's grid input runs in float, quantized once at the "
+        "sampler; every layer before it in int8. int: quantize the coordinate arithmetic too",
+    )  # fmt: skip
+    parser.add_argument(
+        "-o", "--out", "--output", type=Path,
+        help="artifacts folder (default artifacts/NAME-TARGET)",
+    )  # fmt: skip
+    parser.add_argument(
+        "-i", "--intermediates", type=Path, metavar="DIR",
+        help="where the VGF/TOSA intermediates go (default OUT/intermediates)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE",
+        help="a TOML file of these options (the command line overrides it); every export "
+        "writes the one that reproduces it as OUT/export.toml",
+    )  # fmt: skip
+    parser.add_argument("--version", action="store_true", help="print the versions and exit")
+    parser.add_argument(
+        "--force", action="store_true",
+        help="replace an earlier etkit export at --out (never other files: see the README)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--verify", action="store_true",
+        help="run the written program and compare it with the float and quantized models "
+        "(xnnpack: executorch.runtime; vgf: etkit's runner, VGF on Vulkan)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--verify-tolerance", metavar="KEY=N,...",
+        help="the verdict's tolerance against the quantized PT2E model (implies --verify): "
+        "psnr (dB floor), steps and fraction (at most that share of values more than that many "
+        "steps off), bias (mean error, steps), float-error (float outputs: share of the range), "
+        "float-psnr (float exports); default psnr=36,steps=2,fraction=0.1,bias=0.5,"
+        "float-error=0.02,float-psnr=60",
+    )  # fmt: skip
+    parser.add_argument(
+        "--bundle", "--bundleio", action="store_true",
+        help="also write model.bpte: the program with the example inputs in its IO types and "
+        "its own verified outputs (implies --verify)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scenario", action="store_true",
+        help="also write scenario/: the whole program as one Vulkan scenario "
+        "(scenario_runner --scenario scenario/scenario.json; target vgf)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sampler-delegate", action="store_true",
+        help="vgf: keep the grid samplers in etkit's own delegate between VGF delegates (the "
+        "device then needs etkit's C++ backend) instead of inside the VGF as compute segments",
+    )  # fmt: skip
+    parser.add_argument("--verbose", action="store_true", help="debug logs of etkit and Arm")
+    return parser
+
+
+def parse_qspec(text: str) -> Any:
+    """A qspec from its command-line name; ``None`` for ``float``."""
+    from etkit_quant import qformat, snorm8, snorm16, unorm8
+
+    named = {"snorm8": snorm8, "snorm16": snorm16, "unorm8": unorm8}
+    if text in named:
+        return named[text]()
+    if text == "float":
+        return None
+    match = re.fullmatch(r"q(\d{1,3})\.(\d{1,3})", text)
+    if match:
+        integer, fraction = int(match[1]), int(match[2])
+        if integer + fraction > 15:
+            raise UsageError(
+                f"qspec '{text}' has {integer + fraction} integer and fraction bits; a Q-format "
+                "fits a sign bit and at most 15 more in int16 (e.g. q3.12, q0.7)"
+            )
+        return qformat(fraction, bits=8 if integer + fraction < 8 else 16)
+    if re.fullmatch(r"q\d+\.\d+", text):
+        raise UsageError(f"qspec '{text}' is out of range: a Q-format has M + N <= 15 (e.g. q3.12)")
+    raise UsageError(f"unknown qspec '{text}' (snorm8, snorm16, unorm8, qM.N or float)")
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    if not re.fullmatch(r"\d+(x\d+)*", text) or "x0" in f"x{text}":
+        raise UsageError(f"bad --input-shape '{text}': expected positive sizes like 1x3x256x256")
+    return tuple(int(part) for part in text.split("x"))
+
+
+def load_model(
+    spec: str, shapes: list[tuple[int, ...]], inputs: tuple[torch.Tensor, ...] | None = None
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    """The model ``spec`` names and its example inputs: ``module:factory`` or
+    ``file.py:factory`` (the factory returns the module, or the module and its example inputs),
+    ``file.py`` (defining ``ModelUnderTest`` and ``ModelInputs``, the convention of ExecuTorch's
+    Arm compiler) or ``file.pt2`` (``torch.export.save``: its module and example inputs).
+    ``inputs`` (from ``--inputs``), or random example inputs in [-1, 1] made from ``shapes``,
+    replace the model's own."""
+    for shape in shapes:
+        _check_fits_in_memory(shape)
+    given = _Given(shapes, inputs)
+    if spec.endswith(".pt2"):
+        return _load_pt2(Path(spec), given)
+    path_spec, _, attribute = spec.partition(":") if ".py:" in spec else (spec, "", "")
+    if path_spec.endswith(".py"):
+        module = _import_file(Path(path_spec))
+        if not attribute:
+            return _module_under_test(module, path_spec, given)
+        return _call_factory(module, path_spec, attribute, spec, given)
+    if ":" not in spec:
+        raise UsageError(
+            f"--model '{spec}' must be package.module:factory, file.py[:factory] or file.pt2"
+        )
+    module_name, factory_name = spec.split(":", 1)
+    searched = _search_first(Path.cwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(
+            f"cannot import --model module '{module_name}': {error} (looked in {searched} and "
+            "the installed packages); run from the folder that holds it or add that folder "
+            "to PYTHONPATH"
+        ) from error
+    except Exception as error:
+        raise UsageError(
+            f"importing --model module '{module_name}' raised {root_cause(error)}; fix the module"
+        ) from error
+    return _call_factory(module, module_name, factory_name, spec, given)
+
+
+class _Given:
+    """Example inputs given on the command line (``--inputs``, ``--input-shape``), if any."""
+
+    def __init__(self, shapes: list[tuple[int, ...]], inputs: tuple[torch.Tensor, ...] | None):
+        self.shapes, self.inputs = shapes, inputs
+
+    def __bool__(self) -> bool:
+        return bool(self.shapes) or self.inputs is not None
+
+    def make(self) -> tuple[torch.Tensor, ...]:
+        """Made after the model (whose construction may draw random numbers)."""
+        return self.inputs if self.inputs is not None else _random_inputs(self.shapes)
+
+
+def _search_first(*folders: Path) -> str:
+    """Puts ``folders`` first on ``sys.path``, as Python does for a program it runs (``python -m``
+    the working folder, ``python FILE.py`` the file's folder; ExecuTorch's Arm compiler runs
+    with ``-m``), so that a model imports the modules beside it. Returns where it looked, for
+    an error message."""
+    for folder in reversed(folders):
+        entry = str(folder.resolve())
+        if entry in sys.path:
+            sys.path.remove(entry)
+        sys.path.insert(0, entry)
+    places = [f"the working folder {Path.cwd()}" if f == Path.cwd() else str(f) for f in folders]
+    return ", ".join(dict.fromkeys(places))
+
+
+def _import_file(path: Path) -> Any:
+    if not path.is_file():
+        raise UsageError(f"--model file {path} does not exist")
+    searched = _search_first(path.resolve().parent, Path.cwd())
+    name = f"_etkit_user_model_{abs(hash(str(path.resolve())))}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise UsageError(f"--model file {path} cannot be imported as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        if isinstance(error, ModuleNotFoundError):
+            raise UsageError(
+                f"running --model file {path} raised {root_cause(error)} (looked in {searched} "
+                f"and the installed packages); put that module beside {path.name} or add its "
+                "folder to PYTHONPATH"
+            ) from error
+        raise UsageError(
+            f"running --model file {path} raised {root_cause(error)}; fix the file"
+        ) from error
+    return module
+
+
+def _module_under_test(
+    module: Any, path: str, given: _Given
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    model = getattr(module, "ModelUnderTest", None)
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(
+            f"--model file {path} defines no ModelUnderTest module: define ModelUnderTest "
+            "(a torch.nn.Module instance) and ModelInputs, or name a factory as "
+            f"{path}:FACTORY"
+        )
+    if given:
+        return model, given.make()
+    inputs = getattr(module, "ModelInputs", None)
+    if inputs is None:
+        raise UsageError(f"--model file {path} defines no ModelInputs: define it or give --inputs")
+    return model, inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(
+        inputs, list
+    ) else (inputs,)
+
+
+def _load_pt2(path: Path, given: _Given) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    if not path.is_file():
+        raise UsageError(f"--model file {path} does not exist")
+    try:
+        program = torch.export.load(path)
+    except Exception as error:
+        raise UsageError(
+            f"--model {path} is not a program written by torch.export.save ({root_cause(error)})"
+        ) from error
+    module = program.module()
+    # The program's train/eval mode was fixed when it was exported; its module refuses
+    # .train()/.eval(), which every export calls: give it back the plain Module methods.
+    for name in ("train", "eval"):
+        module.__dict__.pop(name, None)
+    if given:
+        return module, given.make()
+    example = program.example_inputs
+    if example is None or example[1]:
+        raise UsageError(
+            f"--model {path} holds no positional example inputs: give --inputs or --input-shape"
+        )
+    return module, tuple(example[0])
+
+
+def _random_inputs(shapes: list[tuple[int, ...]]) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(0)
+    return tuple(torch.rand(shape) * 2 - 1 for shape in shapes)
+
+
+def load_inputs(path: Path) -> tuple[torch.Tensor, ...]:
+    """Example inputs from ``path``: a ``.pt`` holding a tensor or a tuple/list of tensors, or a
+    ``.npz`` (arrays in the order saved)."""
+    if not path.is_file():
+        raise UsageError(f"--inputs {path} does not exist")
+    try:
+        if path.suffix == ".npz":
+            import numpy as np
+
+            with np.load(path, allow_pickle=False) as data:
+                values: Any = [torch.from_numpy(data[name].copy()) for name in data.files]
+        elif path.suffix == ".pt":
+            values = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise UsageError(f"--inputs {path}: give a .pt or .npz file")
+    except UsageError:
+        raise
+    except Exception as error:
+        raise UsageError(f"--inputs {path} cannot be read: {root_cause(error)}") from error
+    values = values if isinstance(values, list | tuple) else [values]
+    if not values or not all(isinstance(v, torch.Tensor) for v in values):
+        kinds = ", ".join(type(v).__name__ for v in values) or "nothing"
+        raise UsageError(f"--inputs {path} must hold tensors (one per model input), got {kinds}")
+    return tuple(v if v.dtype != torch.float64 else v.float() for v in values)
+
+
+def _call_factory(
+    module: Any, where: str, factory_name: str, spec: str, given: _Given
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    factory = getattr(module, factory_name, None)
+    if factory is None:
+        raise UsageError(f"--model module '{where}' has no '{factory_name}'")
+    if not callable(factory):
+        raise UsageError(
+            f"--model '{spec}' is a {type(factory).__name__}, not a callable factory that returns "
+            "the model (or the model and its example inputs)"
+        )
+    try:
+        made = factory()
+    except Exception as error:
+        raise ModelError(f"--model factory '{spec}' raised {root_cause(error)}") from error
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
+        model, inputs = made
+        inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
+        return model, given.make() if given else inputs
+    if not isinstance(made, torch.nn.Module):
+        raise UsageError(f"--model factory returned {type(made).__name__}, not a torch.nn.Module")
+    if not given:
+        raise UsageError(
+            "--model factory returned only the module: give --inputs FILE or --input-shape per "
+            "input"
+        )
+    return made, given.make()
+
+
+def _check_fits_in_memory(shape: tuple[int, ...]) -> None:
+    """Refuses an ``--input-shape`` whose float32 tensor alone exceeds this machine's memory."""
+    needed = 4 * math.prod(shape)
+    try:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return
+    if needed > available:
+        text = "x".join(map(str, shape))
+        raise UsageError(
+            f"--input-shape {text} needs {needed / 2**30:.1f} GiB for one float32 tensor; this "
+            f"machine has {available / 2**30:.1f} GiB: give a smaller shape"
+        )
+
+
+class _TerminalOutput:
+    """Where progress goes, and whether it is a terminal (one updating line) or not."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+
+
+class _Progress(_TerminalOutput):
+    """Stage progress: one updating line on a terminal, plain lines otherwise."""
+
+    def __call__(self, stage: str, seconds: float) -> None:
+        if self.tty:
+            self.stream.write(f"\r\033[K  {stage:<26} done in {seconds:6.2f} s")
+            self.stream.write("\n" if stage in ("serialize", "verify", "bundle") else "")
+        else:
+            self.stream.write(f"stage {stage}: {seconds:.2f} s\n")
+        self.stream.flush()
+
+
+def _summary(result: Any, seconds: float) -> str:
+    from etkit_quant import describe_qspec
+
+    report = result.report
+    lines = ["", "partitions:"]
+    for p in report["partitions"]:
+        lines.append(f"  {p['name']:<20} {p['backend']:<20} {p['nodes']:>4} nodes")
+    outside = [
+        entry for entry in report.get("outside_delegates", []) if "grid_sampler" in entry["op"]
+    ]
+    if outside:
+        lines.append("grid samplers outside the delegates (ExecuTorch's portable float kernel):")
+        lines += [f"  {entry['node']}: {entry['reason']}" for entry in outside]
+    paths = report.get("grid_sampler_paths", [])
+    if paths:
+        lines.append("grid samplers:")
+        for path in paths:
+            why = f" ({path['reason']})" if path.get("reason") else ""
+            lines.append(f"  {path['node']}: {path['path']}{why}")
+    lines.append("io quantization:")
+    for kind in ("inputs", "outputs"):
+        for e in report["io"][kind]:
+            q = (
+                "float"
+                if e["scale"] is None
+                else f"{e['dtype']} scale {e['scale']:.6g} zp {e['zero_point']}"
+            )
+            texture = f" ({e['texture']['format']})" if e.get("texture") else ""
+            lines.append(f"  {kind[:-1]:<6} {e['index']} {e['name']:<12} {q}{texture}")
+    float_section = report.get("float_ops")
+    if float_section:  # every op the program runs in float, in one line; heavy ones warned
+        lines.append(float_section["summary"])
+        lines += [f"warning: {warning}" for warning in float_section["warnings"]]
+    if result.saturation:
+        lines.append("saturation (calibration values outside each fixed range):")
+        for record in result.saturation:
+            instead = record.instead()
+            clips = (
+                "ok"
+                if record.passes()
+                else "CLIPS" + (f": use {describe_qspec(instead)}" if instead else "")
+            )
+            lines.append(
+                f"  {record.name}: {record.qspec}, {100 * record.fraction:.3g} % outside: {clips}"
+            )
+    if result.verification:
+        runner = result.verification.get("runner", "executorch.runtime")
+        verdict = result.verification.get("verdict") or {}
+        tolerance = verdict.get("tolerance") or {}
+        lines.append(
+            f"verification ({runner}): {verdict.get('result', 'no verdict')} (tolerance: PSNR >= "
+            f"{tolerance.get('min_psnr_db', 0):g} dB, at most "
+            f"{100 * tolerance.get('max_fraction', 0):g} % of values more than "
+            f"{tolerance.get('steps', 0):g} steps off)"
+        )
+        for c in result.verification["comparisons"]:
+            steps = f", {c['max_steps']} steps max" if "max_steps" in c else ""
+            lines.append(
+                f"  output {c['output']} vs {c['reference']:<22} max abs error "
+                f"{c['max_abs_error']:.4g}, PSNR "
+                + ("inf (identical)" if c["psnr_db"] is None else f"{c['psnr_db']:.2f} dB")
+                + steps
+            )
+    lines.append("artifacts:")
+    names = ("model.pte", "model.bpte", "io_quant_params.json", "report.json", "report.md",
+             "export.toml")  # fmt: skip
+    for name in (*names, "intermediates"):
+        path = result.artifacts_root / name
+        if path.is_file() or (path.is_dir() and any(path.iterdir())):
+            lines.append(f"  {path}")
+    lines.append(f"exported in {seconds:.1f} s")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``etkit-export``; returns the exit status."""
+    from etkit_exporter.artifact.staging import check_destination
+
+    quiet_third_party_noise()  # before torch and torchao are imported
+    try:
+        args = _parse(argv)
+        if args.version:
+            print(version_line())
+            return 0
+        if args.verbose or os.environ.get("EXPORT_EXECUTORCH_VERBOSE") == "1":
+            logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+            for name in ("etkit_quant", "etkit_layout", "etkit_partition", "etkit_gridsampler",
+                         "etkit_exporter", "executorch.backends.arm"):  # fmt: skip
+                logging.getLogger(name).setLevel(logging.DEBUG)
+        model, inputs, name = _model_from(args)
+        ins = None if args.quant_input is None else [parse_qspec(q) for q in args.quant_input]
+        outs = None if args.quant_output is None else [parse_qspec(q) for q in args.quant_output]
+        samplers = {
+            f"grid_sampler_{role}_qspec": parse_qspec(text)
+            for role, text in (
+                ("image", args.quant_sampler_image),
+                ("grid", args.quant_grid),
+                ("output", args.quant_sampler_output),
+            )
+            if text is not None
+        }
+        calibration = _calibration_from(args, model, inputs)
+        tolerance = _tolerance_from(args)
+        out = args.out if args.out is not None else Path("artifacts") / f"{name}-{args.target}"
+        destination = check_destination(out, args.force)
+    except (UsageError, ValueError, FileExistsError) as error:
+        print(f"etkit-export: usage error: {error}".splitlines()[0], file=sys.stderr)
+        return 2
+    except ModelError as error:
+        print(f"etkit-export: export failed: {error}", file=sys.stderr)
+        return 1
+    from etkit_exporter.check.verdict import VerificationError
+    from etkit_exporter.core.errors import ExportError
+    from etkit_exporter.export.pipeline import export_model
+
+    start = time.perf_counter()
+    stderr = sys.stderr
+    if not args.verbose:
+        sys.stderr = _WithoutPartialGraphs(stderr)
+    print(f"exporting {name} for {args.target} into {out}", flush=True)
+    for note in destination.notes:
+        print(f"note: {note}", flush=True)
+    try:
+        result = export_model(
+            model,
+            inputs,
+            artifacts_root=out,
+            quantized_input_qspecs=ins,
+            quantized_output_qspecs=outs,
+            calibration=calibration,
+            on_calibration_sample=_SampleProgress(sys.stdout),
+            enable_pt2e_quantization=not args.no_quant,
+            **samplers,
+            target=args.target,
+            tosa_spec=args.tosa_spec,
+            grid_math=args.grid_math or "float",
+            intermediate_artifacts_root=args.intermediates,
+            verify=args.verify or tolerance is not None,
+            verify_tolerance=tolerance,
+            bundle=args.bundle,
+            scenario=args.scenario,
+            sampler_delegate=args.sampler_delegate,
+            force=args.force,
+            on_stage=_Progress(sys.stdout),
+            extra_artifacts={CONFIG_NAME: render_config(_config_of(args, name, out)).encode()},
+        )
+    except (TypeError, ValueError, FileExistsError) as error:
+        print(f"etkit-export: usage error: {_cli_words(error)}".splitlines()[0], file=sys.stderr)
+        return 2
+    except VerificationError as error:  # one line per fact: what failed, by how much, where
+        for line in str(error).splitlines():
+            print(f"etkit-export: {line}", file=sys.stderr)
+        return 1
+    except ExportError as error:
+        if args.verbose:
+            traceback.print_exception(error, file=sys.stderr)
+        print(f"etkit-export: export failed: {error}".splitlines()[0], file=sys.stderr)
+        if not args.verbose:
+            print("  (--verbose shows the whole chain of errors)", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, SystemExit) as stop:
+        if isinstance(stop, SystemExit) and stop.code != 128 + signal.SIGTERM:
+            raise
+        what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated"
+        print(f"etkit-export: {what}; nothing was written and {out} is as it was", file=sys.stderr)
+        return 130 if isinstance(stop, KeyboardInterrupt) else 128 + signal.SIGTERM
+    finally:
+        sys.stderr = stderr
+    print(_summary(result, time.perf_counter() - start))
+    return 0
+
+
+def _tolerance_from(args: argparse.Namespace) -> Any:
+    """``--verify-tolerance`` as a ``VerifyTolerance`` (``None`` when not given)."""
+    if args.verify_tolerance is None:
+        return None
+    from etkit_exporter.check.verdict import parse_tolerance
+
+    try:
+        return parse_tolerance(args.verify_tolerance)
+    except ValueError as error:
+        raise UsageError(f"--verify-tolerance: {error}") from error
+
+
+class _WithoutPartialGraphs:
+    """A stream (stderr) that drops the partial graph ``torch.export`` prints before it raises
+    on data-dependent control flow (``class GraphModule(torch.nn.Module): ...``, dozens of lines
+    before the export's one-line error; ``--verbose`` keeps it)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._dropped = False
+
+    def write(self, text: str) -> int:
+        dropped, self._dropped = self._dropped, text.startswith("class GraphModule(")
+        if self._dropped or (dropped and text == "\n"):  # print writes its end on its own
+            return len(text)
+        return int(self._stream.write(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _cli_words(error: BaseException) -> str:
+    """``error``'s message in the command's words where the API's differ."""
+    from etkit_exporter.export.arguments import QspecCountError
+
+    if isinstance(error, QspecCountError):
+        option = f"--quant-{error.boundary}"
+        return (
+            f"{option} is given {error.given} time{'' if error.given == 1 else 's'} but the "
+            f"model has {error.count} "
+            f"{error.boundary}{'' if error.count == 1 else 's'}: give one {option} per "
+            f"{error.boundary}, in order ('float' leaves one in float)"
+        )
+    return str(error)
+
+
+def _calibration_from(
+    args: argparse.Namespace, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
+) -> list[tuple[torch.Tensor, ...]] | None:
+    from etkit_exporter.core.calibration_data import (
+        CalibrationDataError,
+        parse_image_range,
+        read_calibration,
+    )
+
+    if args.calibration is None:
+        return None
+    try:
+        names = [
+            name
+            for name, parameter in inspect.signature(model.forward).parameters.items()
+            if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+        ]
+        image_range = parse_image_range(args.image_range) if args.image_range else None
+        return read_calibration(
+            args.calibration, inputs, input_names=names, image_range=image_range
+        )
+    except CalibrationDataError as error:
+        raise UsageError(str(error)) from error
+
+
+class _SampleProgress(_TerminalOutput):
+    """Calibration progress: a bar on a terminal, one line at the end otherwise."""
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.tty:
+            filled = round(24 * done / total)
+            bar = "#" * filled + "." * (24 - filled)
+            self.stream.write(f"\r\033[K  calibration [{bar}] {done}/{total} samples")
+            self.stream.write("\n" if done == total else "")
+        elif done == total:
+            self.stream.write(f"calibration: {total} samples\n")
+        self.stream.flush()
+
+
+def _model_from(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], str]:
+    from etkit_exporter.export.demos import DEMOS
+
+    shapes = [parse_shape(s) for s in args.input_shape]
+    if args.tosa_spec is not None:
+        from etkit_exporter.export.arguments import check_tosa_spec
+
+        if args.target != "vgf":
+            raise UsageError("--tosa-spec applies to --target vgf only")
+        check_tosa_spec(args.tosa_spec, args.target, not args.no_quant)
+    if args.inputs is not None and shapes:
+        raise UsageError("give --inputs or --input-shape, not both")
+    quant_options = (
+        args.quant_input, args.quant_output, args.quant_grid, args.quant_sampler_image,
+        args.quant_sampler_output, args.calibration,
+    )  # fmt: skip
+    if args.no_quant and any(option is not None for option in quant_options):
+        raise UsageError(
+            "--quant-*/--calibration options have no effect with --no-quant: drop one or the other"
+        )
+    if args.image_range is not None and args.calibration is None:
+        raise UsageError("--image-range applies to images in --calibration: give --calibration")
+    if args.demo:
+        if args.demo[0] != "demo" or len(args.demo) > 2:
+            raise UsageError(f"unexpected arguments {' '.join(args.demo)} (try: demo [NAME])")
+        if args.model:
+            raise UsageError("give either demo [NAME] or --model, not both")
+        if shapes or args.inputs is not None:
+            raise UsageError(
+                "--input-shape and --inputs apply to --model only: a demo has its own example "
+                "inputs"
+            )
+        name = args.demo[1] if len(args.demo) == 2 else "flow-warp"
+        if name not in DEMOS:
+            raise UsageError(f"unknown demo '{name}' (one of {', '.join(DEMOS)})")
+        model, inputs = DEMOS[name]()
+        return model, inputs, name
+    if not args.model:
+        raise UsageError("nothing to export: give demo [NAME] or --model MODULE:FACTORY")
+    given = load_inputs(Path(args.inputs)) if args.inputs is not None else None
+    model, inputs = load_model(args.model, shapes, given)
+    return model, inputs, _model_name(args.model)
+
+
+def _config_of(args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]:
+    """The options of this export as ``export.toml`` holds them: the demo by name, the
+    artifacts folder as resolved (not the flags that only steer the command: --force,
+    --verbose, --config)."""
+    options = {key: value for key, value in vars(args).items() if key in OPTIONS}
+    options["demo"] = name if args.demo else None
+    # Paths as given, relative to where it ran; an absolute one (this machine's) is left out
+    options["out"] = None if out.is_absolute() else str(out)
+    if args.intermediates is not None and not args.intermediates.is_absolute():
+        options["intermediates"] = str(args.intermediates)
+    else:
+        options["intermediates"] = None
+    return options
+
+
+def _model_name(spec: str) -> str:
+    """The name of the default artifacts folder: the factory, or the file's stem."""
+    if ":" in spec:
+        return spec.rsplit(":", 1)[-1]
+    return Path(spec).stem
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line over the options of ``--config FILE``, if given."""
+    from etkit_exporter.cli.config import ConfigError, read_config
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.config is None:
+        return args
+    try:
+        options = read_config(args.config)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    demo = options.pop("demo", None)
+    for key in ("out", "intermediates"):
+        if key in options:
+            options[key] = Path(options[key])
+    parser.set_defaults(**options)
+    args = parser.parse_args(argv)
+    if demo is not None and not args.demo and args.model is None:
+        args.demo = ["demo", demo]
+    return args
+
+
+def version_line() -> str:
+    """``etkit-export``'s version and those of the toolchain it runs on."""
+    return _version_line("etkit-export")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The export pipeline, its quantizer set-up, the backends' lowering, provenance, the demos."""

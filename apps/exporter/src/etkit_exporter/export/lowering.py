@@ -1,0 +1,118 @@
+"""Lowering for a target: the partitioners and the backend's passes (VGF: the samplers inside
+the VGF where they can run there; XNNPACK), which path each grid sampler took, and compile specs
+that would write build paths into the program."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from executorch.backends.arm.quantizer import VgfQuantizer, get_symmetric_quantization_config
+from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+    get_symmetric_quantization_config as xnnpack_config,
+)
+from executorch.exir.lowered_backend_module import LoweredBackendModule
+from torch.export import ExportedProgram
+
+from etkit_exporter.vgf.tools import configure_model_converter
+from etkit_gridsampler.vgf_shader import (
+    IN_VGF,
+    OWN_DELEGATE,
+    sampler_lowering,
+)
+from etkit_quant.graph import is_grid_sampler
+
+if TYPE_CHECKING:
+    pass
+
+logger = logging.getLogger(__name__)
+
+
+BUILD_PATH_COMPILE_SPECS: Final = frozenset({"debug_artifact_path"})
+
+
+def strip_build_paths(program: ExportedProgram) -> list[str]:
+    """Removes the compile specs of ``BUILD_PATH_COMPILE_SPECS`` from every lowered module of
+    ``program`` (nested ones included), so that the serialized program holds no path of this
+    machine and two exports of one model are byte-identical. Returns the removed keys."""
+
+    removed: list[str] = []
+    for module in program.graph_module.modules():
+        if isinstance(module, LoweredBackendModule):
+            kept = [c for c in module.compile_specs if c.key not in BUILD_PATH_COMPILE_SPECS]
+            removed += [c.key for c in module.compile_specs if c.key in BUILD_PATH_COMPILE_SPECS]
+            module._compile_specs = kept
+    return removed
+
+
+@contextmanager
+def collect_sampler_lowering(in_vgf: bool) -> Iterator[list[dict[str, Any]]]:
+    """While lowering to VGF, etkit's samplers become compute segments (etkit_gridsampler's
+    rewrite pass runs before the Arm backend's own grid-sampler passes); yields the segments
+    made."""
+    if not in_vgf:
+        yield []
+        return
+
+    with sampler_lowering() as segments:
+        yield segments
+
+
+def sampler_paths(
+    partitioner: Any, program: ExportedProgram, segments: list[dict[str, Any]] | None, target: str
+) -> list[dict[str, Any]]:
+    """Which way each grid sampler went (a compute segment inside the VGF, with its
+    configuration, or etkit's own delegate with the reason), said on the console too."""
+
+    if segments is None:
+        left = [n.name for n in program.graph_module.graph.nodes if is_grid_sampler(n)]
+        why = (
+            "sampler_delegate: samplers kept in etkit's own delegate"
+            if target == "vgf"
+            else f"target {target}: etkit's own delegate"
+        )
+        return [{"node": name, "path": OWN_DELEGATE, "reason": why} for name in left]
+    paths = [p.as_dict() for p in getattr(partitioner, "paths", [])]
+    made = {segment["node"]: segment for segment in segments}
+    for path in paths:
+        segment = made.get(str(path["node"]))
+        if segment is not None:
+            op = segment["op"]
+            path["segment"] = {
+                "mode": op.mode,
+                "padding_mode": op.padding_mode,
+                "align_corners": op.align_corners,
+                "image_shape": list(segment["image_shape"]),
+                "grid_shape": list(segment["grid_shape"]),
+                "grid_dtype": str(op.grid.dtype).removeprefix("torch."),
+                "params": segment["params_mode"],
+                "workgroups": segment["workgroups"],
+            }
+        if path["path"] == IN_VGF:
+            logger.info("grid sampler %s: a compute segment inside the VGF", path["node"])
+        else:
+            logger.warning(
+                "grid sampler %s stays outside the VGF, in etkit's own delegate: %s",
+                path["node"],
+                path["reason"],
+            )
+    return paths
+
+
+def target_backend(target: str, intermediates: Path, tosa_spec: str) -> tuple[Any, Any, str | None]:
+    """The base quantizer, the main partitioner and the TOSA spec of a target."""
+    if target == "vgf":
+        configure_model_converter()
+        spec = VgfCompileSpec(tosa_spec)
+        spec.dump_intermediate_artifacts_to(str(intermediates))
+        base = VgfQuantizer(spec)
+        base.set_global(get_symmetric_quantization_config())
+        return base, VgfPartitioner(spec), tosa_spec
+
+    return XNNPACKQuantizer().set_global(xnnpack_config()), XnnpackPartitioner(), None

@@ -1,0 +1,530 @@
+"""``export_model``: the pipeline of design.md, from a PyTorch model to a deployable,
+integer-IO ExecuTorch program with its artifacts and report."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from executorch.exir import to_edge_transform_and_lower
+from executorch.exir.passes.quantize_io_pass import extract_io_quant_params
+from torch.export import ExportedProgram
+from torchao.quantization.pt2e.quantizer import QuantizationSpec
+
+from etkit_exporter.artifact.etrecord import write_etrecord
+from etkit_exporter.artifact.float_ops import report_section
+from etkit_exporter.artifact.report import build_report, write_report
+from etkit_exporter.artifact.staging import Staging, check_destination
+from etkit_exporter.check.bundle import BUNDLE_NAME, SIDECAR_NAME, bundle_bytes, sidecar
+from etkit_exporter.check.verdict import check_tolerance, failed_destination, keep_failed
+from etkit_exporter.check.verify import RUNNERS, check_program_loads, verify_export
+from etkit_exporter.core.diagnostics import root_cause
+from etkit_exporter.core.errors import ExportError
+from etkit_exporter.core.io_params import io_table, with_pte_layouts
+from etkit_exporter.core.version import __version__
+from etkit_exporter.export.activation_bounds import keep_activation_bounds
+from etkit_exporter.export.arguments import (
+    CALIBRATED,
+    QspecCountError,
+    QuantOptions,
+    SamplerQSpec,
+    StageCallback,
+    check_arguments,
+    check_extra_artifacts,
+    check_forward,
+    check_grid_math,
+    check_grid_samplers,
+    check_qspec_list,
+    check_tosa_spec,
+    refuse_unsigned,
+)
+from etkit_exporter.export.lowering import (
+    collect_sampler_lowering,
+    sampler_paths,
+    strip_build_paths,
+    target_backend,
+)
+from etkit_exporter.export.provenance import shared_provenance
+from etkit_exporter.export.quantization import boundary_quantizer
+from etkit_exporter.export.average_pools import vgf_average_pools
+from etkit_exporter.vgf.scenario_writer import export_scenario
+from etkit_gridsampler import GridSamplerBackend, GridSamplerPartitioner
+from etkit_gridsampler.call_sites import check_call_sites
+from etkit_gridsampler.vgf_shader import (
+    VgfSamplerPartitioner,
+)
+from etkit_layout import channels_last, pad_rgb_to_rgba, pin_delegate_layouts
+from etkit_partition import (
+    DetagInputQuantize,
+    DetagOps,
+    DetagOutputDequantize,
+    DetagQuantizedPads,
+    DetagQuantizeDtypes,
+    PolicyPartitioner,
+)
+from etkit_quant import (
+    Saturation,
+    boundary_fixed_qspecs,
+    check_calibration,
+    clipping_report,
+)
+from etkit_quant import quantize as quantize_model
+from etkit_quant.normalize import normalize_program
+
+if TYPE_CHECKING:
+    from etkit_exporter.check.verdict import VerifyTolerance
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ExportResult:
+    """What ``export_model`` made."""
+
+    edge_program: ExportedProgram
+    example_inputs: tuple[torch.Tensor, ...]
+    io_quant_params: dict[str, Any]
+    pte_path: Path
+    report: dict[str, Any]
+    artifacts_root: Path
+    verification: dict[str, Any] | None = None
+    converted_model: torch.nn.Module | None = field(default=None, repr=False)
+    saturation: tuple[Saturation, ...] = ()
+
+
+class _Stages:
+    def __init__(self, callback: StageCallback | None) -> None:
+        self.timings: dict[str, float] = {}
+        self.callback = callback
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        except Exception as error:
+            raise ExportError(f"stage '{name}' failed: {root_cause(error)}") from error
+        seconds = time.perf_counter() - start
+        self.timings[name] = round(seconds, 3)
+        if self.callback is not None:
+            self.callback(name, seconds)
+
+
+def _keeps_train_mode(export: Callable[..., ExportResult]) -> Callable[..., ExportResult]:
+    """``export``, leaving the caller's model in the train/eval mode of each of its modules as
+    it was (an export runs it in eval mode)."""
+
+    @functools.wraps(export)
+    def wrapper(model: Any, *args: Any, **kwargs: Any) -> ExportResult:
+        modules = list(model.modules()) if isinstance(model, torch.nn.Module) else []
+        modes = [m.training for m in modules]
+        try:
+            return export(model, *args, **kwargs)
+        finally:
+            for module, training in zip(modules, modes, strict=True):
+                module.training = training
+
+    return wrapper
+
+
+@_keeps_train_mode
+def export_model(
+    model: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    *,
+    artifacts_root: str | Path = "artifacts",
+    intermediate_artifacts_root: str | Path | None = None,
+    quantized_input_qspecs: Sequence[QuantizationSpec | None] | None = None,
+    quantized_output_qspecs: Sequence[QuantizationSpec | None] | None = None,
+    grid_sampler_image_qspec: SamplerQSpec = CALIBRATED,
+    grid_sampler_grid_qspec: SamplerQSpec = CALIBRATED,
+    grid_sampler_output_qspec: SamplerQSpec = CALIBRATED,
+    quantize_grid_sample_output: bool = True,
+    calibration: Iterable[tuple[torch.Tensor, ...]] | None = None,
+    enable_pt2e_quantization: bool = True,
+    target: str = "vgf",
+    tosa_spec: str | None = None,
+    verify: bool = False,
+    verify_tolerance: VerifyTolerance | str | None = None,
+    bundle: bool = False,
+    scenario: bool = False,
+    sampler_delegate: bool = False,
+    grid_math: str = "float",
+    force: bool = False,
+    on_stage: StageCallback | None = None,
+    on_calibration_sample: Callable[[int, int], None] | None = None,
+    extra_artifacts: Mapping[str, bytes] | None = None,
+) -> ExportResult:
+    """Exports ``model`` to an ExecuTorch program for ``target`` ("vgf": VGF plus etkit's grid
+    sampler; "xnnpack": XNNPACK plus etkit's grid sampler), writing under ``artifacts_root``:
+    ``model.pte``, ``io_quant_params.json``, ``report.json``, ``report.md`` and the VGF/TOSA
+    intermediates (under ``intermediate_artifacts_root``, default ``artifacts_root/intermediates``).
+
+    Quantization (``enable_pt2e_quantization``) is calibrated on ``calibration`` (an iterable of
+    input tuples shaped like ``example_inputs``; the example inputs alone when ``None``). One
+    qspec per input and per output (``None``: that boundary stays float); the grid samplers'
+    image, grid and output qspecs (``None``: float; ``quantize_grid_sample_output=False`` is
+    ``grid_sampler_output_qspec=None``). Each left at its default (``CALIBRATED``) is chosen
+    from the calibration data (``etkit_quant.default_qspecs``): SNORM8 for values in [-1, 1],
+    SNORM16 for grids in [-1, 1], a power-of-two int16 scale covering wider grids, observed int8
+    parameters for anything else, so no default clips. Every fixed-parameter boundary and sampler
+    input gets a saturation record (``result.saturation``, report.json/.md, a logged warning past
+    0.1 %). ``tosa_spec`` (target "vgf"): the TOSA specification VGF lowers to (default
+    ``VGF_TOSA_SPEC``; a quantized export needs INT, int16 grids the int16 extension).
+    ``grid_math``: "float" (default) computes the coordinate arithmetic (the elementwise and
+    shape ops between the last compute-heavy op and a grid sampler's grid input: base grid plus
+    flow, scaling to [-1, 1], ``affine_grid``) in float, quantized once, at the sampler, and
+    every layer before it in integers; "int" quantizes the coordinate arithmetic too. Every op
+    the lowered program runs in float is listed in the report (``float_ops``), and a conv,
+    linear or matmul in float is warned about.
+    ``extra_artifacts``: more files (name -> bytes) written into the artifacts folder and
+    listed in its manifest, such as the CLI's ``export.toml``. ``verify`` (target "xnnpack")
+    runs the program in ``executorch.runtime`` and compares it with the float and the quantized
+    model (target "vgf": in ``etkit_exporter.runner``, its VGF delegates run by
+    ``scenario_runner`` on the Vulkan device), and judges each output against the quantized
+    model with ``verify_tolerance`` (``etkit_exporter.check.verdict.VerifyTolerance`` or its text;
+    the README's "Verification verdict"; giving one implies ``verify``): a failure raises
+    ``VerificationError`` naming the failing outputs and the first delegate call that
+    diverges, and the export is kept in ``artifacts_root.failed-verification``, never at
+    ``artifacts_root``. Every export loads the program it wrote before it succeeds (stage
+    ``load``). ``bundle`` (implies ``verify``) also writes ``model.bpte``: the program with the
+    example inputs in its IO types and, as expected outputs, what it returned on them in that
+    verified run; ``model.bpte.json`` beside it says so and gives the tolerance
+    (``etkit_exporter.check.bundle``). ``scenario`` (target "vgf") also writes ``scenario/``: the
+    whole program as one Vulkan scenario for ``scenario_runner``
+    (``etkit_exporter.vgf.scenario_writer``; a program it cannot express gets none, the report's
+    ``scenario`` section saying why). ``sampler_delegate`` (target "vgf"): keep the grid
+    samplers in etkit's own delegate between VGF delegates; by default each sampler the integer
+    contract covers is a compute segment inside the VGF (``etkit_gridsampler.vgf_shader``), the
+    report's ``grid_sampler_paths`` saying where each went.
+
+    Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``;
+    ``artifact.staging.DestinationError``, a ``ValueError``, for an ``artifacts_root``
+    etkit will not write or replace; calibration samples are checked one by one, the error naming
+    the sample and input). ``force`` replaces an earlier etkit export, never anything else (see
+    ``etkit_exporter.artifact.staging``). Artifacts are written to a staging folder beside
+    ``artifacts_root`` and swapped into place at the end, so a kill at any instant leaves the
+    previous export or the new one; a failing stage raises ``ExportError`` naming it (a full disk
+    says so) and leaves nothing behind."""
+    root = Path(artifacts_root)
+    inputs = check_arguments(model, example_inputs, target)
+    spec = check_tosa_spec(tosa_spec, target, enable_pt2e_quantization)
+    if scenario and target != "vgf":
+        raise ValueError(f"scenario applies to target 'vgf' only, not {target!r}")
+    extras = check_extra_artifacts(extra_artifacts)
+
+    tolerance = check_tolerance(verify_tolerance)
+    verify = verify or bundle or verify_tolerance is not None  # each implies a verification
+    check_forward(model.eval(), inputs)
+    quant = QuantOptions(
+        enabled=enable_pt2e_quantization,
+        inputs=check_qspec_list(quantized_input_qspecs, "quantized_input_qspecs"),
+        outputs=check_qspec_list(quantized_output_qspecs, "quantized_output_qspecs"),
+        sampler_image=grid_sampler_image_qspec,
+        sampler_grid=grid_sampler_grid_qspec,
+        sampler_output=grid_sampler_output_qspec if quantize_grid_sample_output else None,
+        samples=tuple(check_calibration(calibration, inputs)),
+        on_sample=on_calibration_sample,
+        grid_math=check_grid_math(grid_math),
+    )
+    if quant.enabled:
+        refuse_unsigned(quant)
+    destination = check_destination(root, force)
+    failed = failed_destination(root, force) if verify else None
+    for note in destination.notes:
+        logger.warning("%s", note)
+    stages = _Stages(on_stage)
+    try:
+        with _sigterm_as_exit(), Staging(destination) as staging, shared_provenance():
+            result = _run(
+                model.eval(),
+                inputs,
+                staging.path,
+                Path(intermediate_artifacts_root) if intermediate_artifacts_root else None,
+                quant,
+                target,
+                spec,
+                verify,
+                bundle,
+                stages,
+                scenario,
+                sampler_delegate=sampler_delegate,
+                tolerance=tolerance,
+            )
+            for name, data in extras.items():
+                (staging.path / name).write_bytes(data)
+            producer = {"tool": "etkit-exporter", "version": __version__}
+            if failed is not None and result.verification is not None:
+                keep_failed(staging, failed, force, producer, result.verification, root)
+            staging.commit(force, producer=producer)
+    except (ExportError, OSError) as error:
+        full = _disk_full(error)
+        if full is None:
+            raise
+        raise ExportError(
+            f"the disk is full: no space left on the device holding {destination.path.parent} "
+            f"({full.strerror}); nothing was written and {root} is as it was before; free some "
+            "space and export again"
+        ) from error
+    result.artifacts_root = root
+    result.pte_path = root / "model.pte"
+    return result
+
+
+def _disk_full(error: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT error in ``error``'s chain of causes, if any."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C (so the staging folder is removed) and exits 143; only where
+    SIGTERM has its default action and on the main thread, as Python allows."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    work: Path,
+    intermediates_root: Path | None,
+    quant: QuantOptions,
+    target: str,
+    tosa_spec: str,
+    verify: bool,
+    bundle: bool,
+    stages: _Stages,
+    scenario: bool = False,
+    sampler_delegate: bool = False,
+    tolerance: Any = None,
+) -> ExportResult:
+    intermediates = intermediates_root or work / "intermediates"
+    intermediates.mkdir(parents=True, exist_ok=True)
+    with stages.stage("capture"):
+        exported = torch.export.export(model, inputs, strict=True)
+        num_outputs = len(exported.graph_signature.user_outputs)
+        check_grid_samplers(exported)
+    with stages.stage("normalize"):  # library-built graphs made to look hand-written
+        exported, _normalized = normalize_program(exported, inputs)
+    base, partitioner, spec = target_backend(target, intermediates, tosa_spec)
+    quantizer = None
+    saturations: tuple[Saturation, ...] = ()
+    coordinates: dict[str, Any] = {}
+    if quant.enabled:
+        for given, count, what in (
+            (quant.inputs, len(inputs), "input"),
+            (quant.outputs, num_outputs, "output"),
+        ):
+            if given is not None and len(given) != count:
+                raise QspecCountError(what, len(given), count)
+        with stages.stage("observe_ranges"):
+            quantizer, saturations, coordinates = boundary_quantizer(
+                exported, base, quant, len(inputs)
+            )
+        for record in saturations:
+            if not record.passes():
+                logger.warning("saturation: %s", record.message())
+    ins, outs = (quantizer.input_qspecs, quantizer.output_qspecs) if quantizer else ((), ())
+    with stages.stage("rgb_to_rgba"):
+        graph = exported.module(check_guards=False)
+        pad_rgb_to_rgba(graph)
+    if quantizer is not None and target == "vgf":
+        with stages.stage("average_pools"):  # AVG_POOL2D as the VGF computes it right
+            vgf_average_pools(graph)
+    converted: torch.nn.Module = graph
+    if quantizer is not None:
+        with stages.stage("quantize"):
+            converted = quantize_model(
+                graph, inputs, quantizer, calibration=quant.samples, on_sample=quant.on_sample
+            )
+            # What the backend's quantizer chose inside the graph may clip too (one scale
+            # shared over a concatenation with a fixed-range input): never silently.
+            clipped = clipping_report(
+                converted,
+                quant.samples or (inputs,),
+                fixed=boundary_fixed_qspecs(quantizer),
+                watch=quantizer.coordinate_inputs,  # a predicted flow: reported, clipping or not
+            )
+        for record in clipped:
+            if record.count:  # a watched tensor is reported even when nothing clips
+                logger.warning("saturation: %s", record.message())
+        saturations += clipped
+    with stages.stage("re_export"):
+        program = torch.export.export(converted, inputs, strict=True)
+    quantized_inputs = [k for k, q in enumerate(ins) if q is not None]
+    quantized_outputs = [k for k, q in enumerate(outs) if q is not None]
+    # VGF: each sampler the integer contract covers becomes a compute segment of the VGF
+    # (etkit's shader); the others, and all with sampler_delegate, go to etkit's delegate.
+    in_vgf = target == "vgf" and not sampler_delegate
+    if in_vgf:
+        partitioner = VgfSamplerPartitioner(partitioner)
+    policies = PolicyPartitioner(
+        partitioner,
+        [
+            DetagInputQuantize(quantized_inputs),
+            DetagOutputDequantize(quantized_outputs),
+            *([] if in_vgf else [DetagOps([torch.ops.aten.grid_sampler_2d.default])]),
+            # XNNPACK has no int16 activations (grids are int16)
+            *([DetagQuantizeDtypes([torch.int16])] if target == "xnnpack" else []),
+            # pads ExecuTorch 1.5.1's partitioners claim but cannot compile (etkit_partition.pads)
+            *([DetagQuantizedPads()] if target == "xnnpack" else []),
+        ],
+    )
+    # Channels-last boundaries are for a GPU engine (VGF); XNNPACK's delegates expect the
+    # contiguous layout they were partitioned with (its runtime rejects some NHWC inputs).
+    # keep_activation_bounds: the Arm backend drops a ReLU before a quantize it assumes clips
+    # at 0; etkit's fixed qspecs (SNORM8) do not.
+    layout_passes = [keep_activation_bounds, channels_last] if target == "vgf" else []
+    with stages.stage("lower_main"), collect_sampler_lowering(in_vgf) as segments:
+        manager = to_edge_transform_and_lower(
+            program,
+            partitioner=[policies],
+            transform_passes=layout_passes,
+            generate_etrecord=True,  # the record survives to_backend and to_executorch
+        )
+    paths = sampler_paths(
+        partitioner, manager.exported_program(), segments if in_vgf else None, target
+    )
+    grid_partitioner = GridSamplerPartitioner()
+    with stages.stage("lower_grid_sampler"):
+        manager = manager.to_backend(grid_partitioner)
+    for rejection in grid_partitioner.rejections:  # loud: the user asked for a delegated sampler
+        logger.warning(
+            "grid sampler %s is not delegated (it runs as ExecuTorch's portable float kernel, on "
+            "the CPU): %s",
+            rejection.node,
+            rejection.reason,
+        )
+    with stages.stage("pin_layouts"):
+        # to_executorch re-traces the program: without this, delegate outputs get the layout
+        # their operators compute (a grid sampler's is NCHW), not the one they were compiled for
+        pin_delegate_layouts(
+            manager.exported_program(), any_layout_backends={GridSamplerBackend.__name__}
+        )
+    with stages.stage("extract_io_quant_params"):
+        extracted = (
+            extract_io_quant_params(
+                manager, input_idxs=tuple(quantized_inputs), output_idxs=tuple(quantized_outputs)
+            )
+            if quantized_inputs or quantized_outputs
+            else {"inputs": {}, "outputs": {}}
+        )
+        io_params = io_table(manager.exported_program(), extracted)
+    with stages.stage("check_delegates"):  # a program that could never run fails here
+        check_call_sites(manager.exported_program())
+
+    float_section = report_section(  # the edge program as lowered, before to_executorch
+        manager.exported_program(),
+        quantized=quant.enabled,
+        grid_math=quant.grid_math,
+        intermediates=intermediates if target == "vgf" else None,
+    )
+    for warning in float_section["warnings"]:
+        logger.warning("%s", warning)
+    with stages.stage("serialize"):
+        strip_build_paths(manager.exported_program())
+        executorch_manager = manager.to_executorch()
+        pte = executorch_manager.buffer
+        io_params = with_pte_layouts(io_params, pte)  # the dim orders the .pte really has
+        (work / "model.pte").write_bytes(pte)
+        (work / "io_quant_params.json").write_text(json.dumps(io_params, indent=2) + "\n")
+    with stages.stage("load"):  # a program the runtime refuses is no export
+        check_program_loads(work / "model.pte", target)
+    with stages.stage("etrecord"):  # for ExecuTorch's Inspector and etkit inspect
+        write_etrecord(
+            work,
+            executorch_manager,
+            inputs,
+            float_program=exported,
+            forbidden_paths=[work, intermediates],
+        )
+    verification = None
+    if verify:
+        with stages.stage("verify"):  # the verdict, and where a failing program diverges
+            run = verify_export(
+                work, model, converted, inputs, io_params, target,
+                tolerance=tolerance, float_export=not quant.enabled,
+            )  # fmt: skip
+            verification = run.verification
+        if bundle and run.passed:  # a failed program's outputs are no test vectors
+            with stages.stage("bundle"):
+                (work / BUNDLE_NAME).write_bytes(
+                    bundle_bytes(work / "model.pte", run.inputs, run.outputs)
+                )
+                side = sidecar(
+                    io_params,
+                    RUNNERS.get(target, "executorch.runtime"),
+                    verdict=verification["verdict"],
+                )
+                (work / SIDECAR_NAME).write_text(json.dumps(side, indent=2) + "\n")
+    scenario_section = None
+    if scenario:  # the whole program as one Vulkan scenario (docs/scenario.md)
+        with stages.stage("scenario"):
+            scenario_section = export_scenario(work, inputs, io_params)
+    report = build_report(
+        manager.exported_program(),
+        target=target,
+        io_params=io_params,
+        detagged=policies.detagged,
+        grid_rejections=[(r.node, r.reason) for r in grid_partitioner.rejections],
+        timings=stages.timings,
+        intermediates=intermediates,
+        verification=verification,
+        tosa_spec=spec,
+        saturation=[record.as_dict() for record in saturations],
+    )
+    if scenario_section is not None:
+        report["scenario"] = scenario_section
+    report["grid_sampler_paths"] = paths
+    if quantizer is not None and quant.grid_math == "float":
+        coordinates["inputs"] = list(quantizer.coordinate_inputs)
+        float_section["coordinate_inputs"] = coordinates
+    report["float_ops"] = float_section
+    write_report(report, work)
+    return ExportResult(
+        edge_program=manager.exported_program(),
+        example_inputs=inputs,
+        io_quant_params=io_params,
+        pte_path=work / "model.pte",
+        report=report,
+        artifacts_root=work,
+        verification=verification,
+        converted_model=converted,
+        saturation=saturations,
+    )
+
+
+# Compile-spec keys that hold a folder of the machine that lowered the program (the Arm backend's
+# intermediates); no runtime reads them, and a shipped program must not carry them.
