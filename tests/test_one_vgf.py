@@ -174,3 +174,36 @@ def test_sampler_whose_buffers_are_not_whole_words_stays_in_etkits_delegate(
     assert "not a multiple of 4" in str(paths[OWN_DELEGATE]["reason"])
     assert sorted(_backends(mixed)) == ["GridSamplerBackend", "VgfBackend"]
     assert mixed.verification is not None
+
+
+class _ChainedOffVgf(torch.nn.Module):
+    """A sampler that reads the program's image two ways (its conv predicts the grid), so it
+    goes to etkit's delegate; a second sampler reads that sampler's output and a grid the
+    program is given: both its operands come from outside the VGF."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 2, 1)
+
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        warped = F.grid_sample(image, torch.tanh(self.conv(image)).permute(0, 2, 3, 1))
+        return F.grid_sample(warped, grid, align_corners=False)
+
+
+def test_sampler_whose_operands_all_come_from_outside_the_vgf_goes_to_etkits_delegate(
+    tmp_path: Path,
+) -> None:
+    """Which backend takes such a sampler is known only once the partitions are: before, EXIR
+    expected the VGF to take it and stopped the export ("aten_grid_sampler_2d_default_1 ...
+    was not decomposed or delegated"; a fuzzer find)."""
+    torch.manual_seed(4)
+    inputs = (torch.rand(2, 4, 4, 8) * 2 - 1, torch.rand(2, 6, 7, 2) * 2.4 - 1.2)
+    result = export_model(
+        _ChainedOffVgf().eval(), inputs, artifacts_root=tmp_path / "chained", verify=True
+    )
+    paths = [p["path"] for p in result.report["grid_sampler_paths"]]
+    assert paths == [OWN_DELEGATE, OWN_DELEGATE]
+    reasons = {str(p["reason"]) for p in result.report["grid_sampler_paths"]}
+    assert reasons == {READS_VGF_INPUT}
+    assert result.verification is not None
+    assert result.verification["verdict"]["result"] == "pass"

@@ -158,13 +158,13 @@ class VgfSamplerPartitioner(Partitioner):  # type: ignore[misc]  # executorch is
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[Node], bool] | None]:
         ops, inner_filter = self.inner.ops_to_not_decompose(ep)
-        user_inputs = set(ep.graph_signature.user_inputs)
 
         def keep(node: Node) -> bool:
-            if is_grid_sampler(node) and (
-                vgf_reason(node) is not None or _reads_vgf_input(node, user_inputs)
-            ):
-                return False  # another backend takes it: EXIR must not expect it delegated
+            if is_grid_sampler(node):
+                # No decomposition exists for it: it stays whole either way. Kept off the
+                # must-be-delegated list, since which backend takes it is decided only once the
+                # partitions are known (``partition``: a VGF input read two ways, say).
+                return False
             return inner_filter(node) if inner_filter is not None else True
 
         return ops, keep
