@@ -87,3 +87,26 @@ def test_shape_ops_in_aten_and_edge_dialects() -> None:
         assert len(shapes) >= 5, shapes
         others = [target_name(n) for n in nodes if not is_shape_op(n)]
         assert any("relu" in name for name in others) and any("add" in name for name in others)
+
+
+def test_grid_positions_of_a_graph_deeper_than_the_recursion_limit() -> None:
+    """A chain of 3000 ops between an input and a sampler (RAFT-small's graph is that deep):
+    the walk over users recurses only along views and in-place writes, never along the
+    chain (before: RecursionError in the channels-last pass)."""
+    import sys
+
+    from etkit_quant.graph import grid_position_nodes
+
+    graph = torch.fx.Graph()
+    image, grid = graph.placeholder("image"), graph.placeholder("grid")
+    value = image
+    depth = sys.getrecursionlimit() * 3
+    for _ in range(depth):
+        value = graph.call_function(torch.ops.aten.relu.default, (value,))
+    sampled = graph.call_function(
+        torch.ops.aten.grid_sampler_2d.default, (value, grid, 0, 0, False)
+    )
+    graph.output(sampled)
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert grid_position_nodes(module) == set()  # nothing but the sampler reads the chain
+    assert grid_position_nodes(module, include_inputs=True) == {grid}

@@ -428,12 +428,15 @@ def _effective_users(node: Node) -> list[Node]:
 
 def _writes_into(user: Node, node: Node) -> bool:
     """Whether ``user`` only writes into ``node``: an unused in-place write into it, or a view
-    of it used only to be written into."""
-    if _effective_users(user):
+    of it used only to be written into. The cheap tests come first: only an in-place op or a
+    view looks at its own users, so the recursion is as deep as a chain of views, not as the
+    graph (RAFT-small's graph was deeper than Python's recursion limit)."""
+    writes = mutated_input(user) is node
+    if not writes and not (
+        _is_view(user) and bool(user.args) and user.args[0] is node and bool(user.users)
+    ):
         return False
-    if mutated_input(user) is node:
-        return True
-    return _is_view(user) and bool(user.args) and user.args[0] is node and bool(user.users)
+    return not _effective_users(user)
 
 
 def _written_tensor(node: Node) -> Node | None:
