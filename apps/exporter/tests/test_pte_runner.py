@@ -22,7 +22,7 @@ from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_exporter import ExportResult, export_model
 from etkit_exporter.export.demos import DEMOS
-from etkit_exporter.programs import load_program
+from etkit_exporter.programs import load_program, program_from_bytes
 from etkit_gridsampler import GridSamplerPartitioner, cpu, runtime
 from etkit_gridsampler.delegate_format import decode
 from etkit_pterunner import ExecutionError, UnsupportedProgramError
@@ -289,6 +289,18 @@ def _quantize_input(x: torch.Tensor, entry: dict[str, Any]) -> torch.Tensor:
         q = torch.round(x / entry["scale"]) + entry["zero_point"]
         value = q.clamp(entry["quant_min"], entry["quant_max"]).to(dtype)
     return _cl(value) if entry["dim_order"] == [0, 2, 3, 1] else value.contiguous()
+
+
+def test_unknown_grid_sampler_implementation_named(portable: dict[str, Path]) -> None:
+    """A grid-sampler implementation other than "cpu" or "vulkan", from a file or from bytes:
+    a ValueError naming the parameter, its choices and the value given."""
+    path = portable["two-samplers-float"]
+    impl: Any = "gpu"
+    message = r"grid_sampler_impl must be 'cpu' or 'vulkan', got 'gpu'"
+    with pytest.raises(ValueError, match=message):
+        load_program(path, grid_sampler_impl=impl)
+    with pytest.raises(ValueError, match=message):
+        program_from_bytes(path.read_bytes(), grid_sampler_impl=impl)
 
 
 def _steps(y: torch.Tensor, reference: torch.Tensor, entry: dict[str, Any]) -> float:

@@ -130,40 +130,69 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    """The report as readable Markdown."""
+    """The report as readable Markdown, one section after another."""
     lines = [f"# etkit export report ({report['target']})", ""]
     lines += verdict_markdown((report.get("verification") or {}).get("verdict"), top=True)
-    lines += ["## Partitions", ""]
-    lines += _table(
-        ["delegate", "backend", "nodes", "ops"],
-        [
+    lines += _partitions_markdown(report["partitions"])
+    lines += _outside_markdown(report["outside_delegates"])
+    lines += _grid_samplers_markdown(report["grid_samplers"], report.get("grid_sampler_paths"))
+    lines += _io_markdown(report["io"])
+    lines += _saturation_markdown(report.get("saturation"))
+    lines += float_ops_markdown(report.get("float_ops"))
+    lines += _verification_markdown(report.get("verification"))
+    lines += inspection_markdown(report.get("inspect"))
+    if report.get("scenario"):
+        lines += ["", *scenario_markdown(report["scenario"])]
+    lines += _timings_markdown(report.get("timings_s"))
+    lines += ["", "## Toolchain", ""]
+    lines += _table(["package", "version"], [[k, v] for k, v in report["versions"].items()])
+    return "\n".join(lines) + "\n"
+
+
+def _partitions_markdown(partitions: list[dict[str, Any]]) -> list[str]:
+    """The "Partitions" section: each delegate, its backend and the ops it holds."""
+    return [
+        "## Partitions",
+        "",
+        *_table(
+            ["delegate", "backend", "nodes", "ops"],
             [
-                p["name"],
-                p["backend"],
-                p["nodes"],
-                ", ".join(f"{k} x{v}" for k, v in p["ops"].items()),
-            ]
-            for p in report["partitions"]
-        ],
-    )
-    lines += ["", "## Outside the delegates", ""]
-    lines += (
-        _table(
-            ["node", "op", "reason"],
-            [[o["node"], o["op"], o["reason"]] for o in report["outside_delegates"]],
-        )
-        if report["outside_delegates"]
-        else ["(none)"]
-    )
-    lines += ["", "## Grid samplers", ""]
+                [
+                    p["name"],
+                    p["backend"],
+                    p["nodes"],
+                    ", ".join(f"{k} x{v}" for k, v in p["ops"].items()),
+                ]
+                for p in partitions
+            ],
+        ),
+    ]
 
-    def q(entry: dict[str, Any] | None) -> str:
-        return (
-            "float32"
-            if entry is None
-            else f"{entry['dtype']} {entry['scale']:.6g}/{entry['zero_point']}"
-        )
 
+def _outside_markdown(outside: list[dict[str, str]]) -> list[str]:
+    """The "Outside the delegates" section: each op no delegate holds, and why."""
+    lines = ["", "## Outside the delegates", ""]
+    if not outside:
+        return [*lines, "(none)"]
+    return lines + _table(
+        ["node", "op", "reason"], [[o["node"], o["op"], o["reason"]] for o in outside]
+    )
+
+
+def _qparams_text(entry: dict[str, Any] | None) -> str:
+    return (
+        "float32"
+        if entry is None
+        else f"{entry['dtype']} {entry['scale']:.6g}/{entry['zero_point']}"
+    )
+
+
+def _grid_samplers_markdown(
+    samplers: list[dict[str, Any]], paths: list[dict[str, Any]] | None
+) -> list[str]:
+    """The "Grid samplers" section: each delegated sampler's parameters, and where each
+    sampler runs."""
+    lines = ["", "## Grid samplers", ""]
     lines += _table(
         ["delegate", "mode", "padding", "align_corners", "image", "grid", "output"],
         [
@@ -172,14 +201,14 @@ def render_markdown(report: dict[str, Any]) -> str:
                 g["mode"],
                 g["padding_mode"],
                 g["align_corners"],
-                q(g["image"]),
-                q(g["grid"]),
-                q(g["output"]),
+                _qparams_text(g["image"]),
+                _qparams_text(g["grid"]),
+                _qparams_text(g["output"]),
             ]
-            for g in report["grid_samplers"]
+            for g in samplers
         ],
     )
-    if report.get("grid_sampler_paths"):
+    if paths:
         lines += ["", "Where each grid sampler runs (vgf-compute-segment: inside the VGF, etkit's "
                   "shader; etkit-delegate: etkit's own delegate):", ""]  # fmt: skip
         lines += _table(
@@ -191,13 +220,17 @@ def render_markdown(report: dict[str, Any]) -> str:
                     p.get("reason") or "",
                     (p.get("segment") or {}).get("params", ""),
                 ]
-                for p in report["grid_sampler_paths"]
+                for p in paths
             ],
         )
-    lines += ["", "## Inputs and outputs", ""]
+    return lines
+
+
+def _io_markdown(io: dict[str, Any]) -> list[str]:
+    """The "Inputs and outputs" section: the IO table."""
     rows = []
     for kind in ("inputs", "outputs"):
-        for e in report["io"][kind]:
+        for e in io[kind]:
             texture = e["texture"]["format"] if e.get("texture") else ""
             scale = "" if e["scale"] is None else f"{e['scale']:.6g}"
             rows.append(
@@ -213,97 +246,116 @@ def render_markdown(report: dict[str, Any]) -> str:
                     texture,
                 ]
             )
-    lines += _table(
-        ["", "index", "name", "shape", "dim order", "dtype", "scale", "zero point", "texture"], rows
-    )
-    lines += [
+    return [
+        "",
+        "## Inputs and outputs",
+        "",
+        *_table(
+            ["", "index", "name", "shape", "dim order", "dtype", "scale", "zero point", "texture"],
+            rows,
+        ),
+    ]
+
+
+def _saturation_markdown(saturation: list[dict[str, Any]] | None) -> list[str]:
+    """The "Saturation" section: what each fixed-range boundary clips of the calibration data."""
+    lines = [
         "",
         "## Saturation (calibration data each fixed range clips: more than half a step outside)",
         "",
     ]
-    lines += (
-        _table(
-            ["boundary", "qspec", "range", "clipped", "observed", "verdict"],
+    if not saturation:
+        return [*lines, "(no fixed-range boundary)"]
+    return lines + _table(
+        ["boundary", "qspec", "range", "clipped", "observed", "verdict"],
+        [
             [
-                [
-                    s["name"],
-                    s["qspec"],
-                    f"[{s['range'][0]:.6g}, {s['range'][1]:.6g}]",
-                    f"{s['outside']} of {s['total']} ({100 * s['fraction']:.3g} %)",
-                    f"[{s['observed'][0]:.6g}, {s['observed'][1]:.6g}]",
-                    "ok"
-                    if s["passes"]
-                    else "**clips**" + (f": use {s['instead']}" if s["instead"] else ""),
-                ]
-                for s in report.get("saturation", [])
-            ],
-        )
-        if report.get("saturation")
-        else ["(no fixed-range boundary)"]
+                s["name"],
+                s["qspec"],
+                f"[{s['range'][0]:.6g}, {s['range'][1]:.6g}]",
+                f"{s['outside']} of {s['total']} ({100 * s['fraction']:.3g} %)",
+                f"[{s['observed'][0]:.6g}, {s['observed'][1]:.6g}]",
+                "ok"
+                if s["passes"]
+                else "**clips**" + (f": use {s['instead']}" if s["instead"] else ""),
+            ]
+            for s in saturation
+        ],
     )
 
-    lines += float_ops_markdown(report.get("float_ops"))
-    if report.get("verification"):
-        runner = report["verification"].get("runner", "executorch.runtime")
-        lines += ["", f"## Verification ({runner})", ""]
-        lines += verdict_markdown(report["verification"].get("verdict"), top=False)
-        lines += _table(
-            ["output", "vs", "max abs error", "PSNR dB", "int8 steps (max; 0/1/2/more)"],
+
+def _verification_markdown(verification: dict[str, Any] | None) -> list[str]:
+    """The "Verification" section: the verdict, each output against the references, each
+    delegate call of the run, and the pictures."""
+    if not verification:
+        return []
+    runner = verification.get("runner", "executorch.runtime")
+    lines = ["", f"## Verification ({runner})", ""]
+    lines += verdict_markdown(verification.get("verdict"), top=False)
+    lines += _table(
+        ["output", "vs", "max abs error", "PSNR dB", "int8 steps (max; 0/1/2/more)"],
+        [
+            [
+                v["output"],
+                v["reference"],
+                f"{v['max_abs_error']:.6g}",
+                _db(v["psnr_db"]),
+                f"{v['max_steps']}; " + "/".join(map(str, v["steps_histogram"].values()))
+                if "max_steps" in v
+                else "",
+            ]
+            for v in verification["comparisons"]
+        ],
+    )
+    lines += _delegate_calls_markdown(verification.get("delegates"))
+    for v in verification["comparisons"]:
+        if v.get("picture"):
+            alt = f"output {v['output']}: float model, program, error"
+            lines += ["", f"![{alt}]({v['picture']})"]
+    return lines
+
+
+def _delegate_calls_markdown(calls: list[dict[str, Any]] | None) -> list[str]:
+    """The verified run's delegate calls, a grid sampler's against its contract's ideal."""
+    if not calls:
+        return []
+    return [
+        "",
+        "Delegate calls of that run. A grid-sampler call's output is compared with the "
+        "grid-sampler contract's ideal (float64 grid_sample of the integer inputs the "
+        "program gave it, quantized); the contract allows 1 step for bilinear and none "
+        "for nearest away from rounding ties.",
+        "",
+        *_table(
+            ["instruction", "backend", "ran on", "ms", "steps vs ideal (max; 0/1/2/more)"],
             [
                 [
-                    v["output"],
-                    v["reference"],
-                    f"{v['max_abs_error']:.6g}",
-                    _db(v["psnr_db"]),
-                    f"{v['max_steps']}; " + "/".join(map(str, v["steps_histogram"].values()))
-                    if "max_steps" in v
+                    c["instruction"],
+                    c["backend"] + (f" ({c['mode']})" if "mode" in c else ""),
+                    c["implementation"],
+                    f"{1000 * c['seconds']:.2f}",
+                    f"{c['max_steps_vs_ideal']}; "
+                    + "/".join(map(str, c["steps_histogram"].values()))
+                    + (f"; {c['ties']} ties" if "ties" in c else "")
+                    if "max_steps_vs_ideal" in c
                     else "",
                 ]
-                for v in report["verification"]["comparisons"]
+                for c in calls
             ],
-        )
-        calls = report["verification"].get("delegates")
-        if calls:
-            lines += [
-                "",
-                "Delegate calls of that run. A grid-sampler call's output is compared with the "
-                "grid-sampler contract's ideal (float64 grid_sample of the integer inputs the "
-                "program gave it, quantized); the contract allows 1 step for bilinear and none "
-                "for nearest away from rounding ties.",
-                "",
-            ]
-            lines += _table(
-                ["instruction", "backend", "ran on", "ms", "steps vs ideal (max; 0/1/2/more)"],
-                [
-                    [
-                        c["instruction"],
-                        c["backend"] + (f" ({c['mode']})" if "mode" in c else ""),
-                        c["implementation"],
-                        f"{1000 * c['seconds']:.2f}",
-                        f"{c['max_steps_vs_ideal']}; "
-                        + "/".join(map(str, c["steps_histogram"].values()))
-                        + (f"; {c['ties']} ties" if "ties" in c else "")
-                        if "max_steps_vs_ideal" in c
-                        else "",
-                    ]
-                    for c in calls
-                ],
-            )
-        for v in report["verification"]["comparisons"]:
-            if v.get("picture"):
-                alt = f"output {v['output']}: float model, program, error"
-                lines += ["", f"![{alt}]({v['picture']})"]
-    lines += inspection_markdown(report.get("inspect"))
-    if report.get("scenario"):
-        lines += ["", *scenario_markdown(report["scenario"])]
-    lines += ["", "## Stage timings", ""]
-    if "timings_s" in report:
-        lines += _table(["stage", "seconds"], [[k, v] for k, v in report["timings_s"].items()])
-    else:
-        lines.append(f"In {TIMINGS_NAME} (measured times differ from run to run; this report not).")
-    lines += ["", "## Toolchain", ""]
-    lines += _table(["package", "version"], [[k, v] for k, v in report["versions"].items()])
-    return "\n".join(lines) + "\n"
+        ),
+    ]
+
+
+def _timings_markdown(timings: dict[str, float] | None) -> list[str]:
+    """The "Stage timings" section (report.md written by ``write_report`` points to
+    ``timings.json`` instead, so that the report does not differ from run to run)."""
+    lines = ["", "## Stage timings", ""]
+    if timings is None:
+        return [
+            *lines,
+            f"In {TIMINGS_NAME} (measured times differ from run to run; this report not).",
+        ]
+    return lines + _table(["stage", "seconds"], [[k, v] for k, v in timings.items()])
 
 
 def _db(value: float | None) -> str:

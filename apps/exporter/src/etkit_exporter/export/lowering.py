@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+# Compile-spec keys that hold a folder of the machine that lowered the program (the Arm backend's
+# intermediates); no runtime reads them, and a shipped program must not carry them.
 BUILD_PATH_COMPILE_SPECS: Final = frozenset({"debug_artifact_path"})
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from executorch.exir import to_edge_transform_and_lower
+from executorch.exir import EdgeProgramManager, to_edge_transform_and_lower
 from executorch.exir.passes.quantize_io_pass import extract_io_quant_params
 from torch.export import ExportedProgram
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
@@ -49,6 +49,7 @@ from etkit_exporter.export.arguments import (
     check_tosa_spec,
     refuse_unsigned,
 )
+from etkit_exporter.export.average_pools import vgf_average_pools
 from etkit_exporter.export.lowering import (
     collect_sampler_lowering,
     sampler_paths,
@@ -57,7 +58,6 @@ from etkit_exporter.export.lowering import (
 )
 from etkit_exporter.export.provenance import shared_provenance
 from etkit_exporter.export.quantization import boundary_quantizer
-from etkit_exporter.export.average_pools import vgf_average_pools
 from etkit_exporter.vgf.scenario_writer import export_scenario
 from etkit_gridsampler import GridSamplerBackend, GridSamplerPartitioner
 from etkit_gridsampler.call_sites import check_call_sites
@@ -74,6 +74,7 @@ from etkit_partition import (
     PolicyPartitioner,
 )
 from etkit_quant import (
+    BoundaryQuantizer,
     Saturation,
     boundary_fixed_qspecs,
     check_calibration,
@@ -330,8 +331,72 @@ def _run(
     sampler_delegate: bool = False,
     tolerance: Any = None,
 ) -> ExportResult:
+    """The stages in order, one job after another: quantize, lower, write the program (and
+    load it), verify (and bundle), write the scenario and the report."""
     intermediates = intermediates_root or work / "intermediates"
     intermediates.mkdir(parents=True, exist_ok=True)
+    quantized = _quantize(model, inputs, intermediates, quant, target, tosa_spec, stages)
+    lowered = _lower(quantized, inputs, target, sampler_delegate, stages)
+    float_section = report_section(  # the edge program as lowered, before to_executorch
+        lowered.manager.exported_program(),
+        quantized=quant.enabled,
+        grid_math=quant.grid_math,
+        intermediates=intermediates if target == "vgf" else None,
+    )
+    for warning in float_section["warnings"]:
+        logger.warning("%s", warning)
+    io_params = _write_program(lowered, quantized, inputs, work, intermediates, target, stages)
+    verification = None
+    if verify:
+        verification = _verify(
+            work, model, quantized, inputs, io_params, target, bundle, tolerance, quant, stages
+        )
+    scenario_section = None
+    if scenario:  # the whole program as one Vulkan scenario (docs/scenario.md)
+        with stages.stage("scenario"):
+            scenario_section = export_scenario(work, inputs, io_params)
+    report = _report(
+        lowered, quantized, quant, target, io_params, verification, scenario_section,
+        float_section, intermediates, stages,
+    )  # fmt: skip
+    write_report(report, work)
+    return ExportResult(
+        edge_program=lowered.manager.exported_program(),
+        example_inputs=inputs,
+        io_quant_params=io_params,
+        pte_path=work / "model.pte",
+        report=report,
+        artifacts_root=work,
+        verification=verification,
+        converted_model=quantized.converted,
+        saturation=quantized.saturations,
+    )
+
+
+@dataclass
+class _Quantized:
+    """The model captured, normalized and (with quantization) quantized, and what the lowering
+    and the report need of that."""
+
+    exported: ExportedProgram  # the float program, normalized (the ETRecord's float model)
+    converted: torch.nn.Module  # the graph the program is exported from
+    quantizer: BoundaryQuantizer | None  # None without quantization
+    partitioner: Any  # the target's main partitioner
+    spec: str | None  # the TOSA specification (VGF)
+    saturations: tuple[Saturation, ...]
+    coordinates: dict[str, Any]
+
+
+def _quantize(
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    intermediates: Path,
+    quant: QuantOptions,
+    target: str,
+    tosa_spec: str,
+    stages: _Stages,
+) -> _Quantized:
+    """Stages capture to quantize: the graph that is exported for lowering."""
     with stages.stage("capture"):
         exported = torch.export.export(model, inputs, strict=True)
         num_outputs = len(exported.graph_signature.user_outputs)
@@ -356,7 +421,6 @@ def _run(
         for record in saturations:
             if not record.passes():
                 logger.warning("saturation: %s", record.message())
-    ins, outs = (quantizer.input_qspecs, quantizer.output_qspecs) if quantizer else ((), ())
     with stages.stage("rgb_to_rgba"):
         graph = exported.module(check_guards=False)
         pad_rgb_to_rgba(graph)
@@ -381,13 +445,39 @@ def _run(
             if record.count:  # a watched tensor is reported even when nothing clips
                 logger.warning("saturation: %s", record.message())
         saturations += clipped
+    return _Quantized(exported, converted, quantizer, partitioner, spec, saturations, coordinates)
+
+
+@dataclass
+class _Lowered:
+    """The program lowered to its delegates, and what the report needs of the lowering."""
+
+    manager: EdgeProgramManager
+    policies: PolicyPartitioner
+    grid_partitioner: GridSamplerPartitioner
+    paths: list[dict[str, Any]]  # where each grid sampler went
+    io_params: dict[str, Any]
+
+
+def _lower(
+    quantized: _Quantized,
+    inputs: tuple[torch.Tensor, ...],
+    target: str,
+    sampler_delegate: bool,
+    stages: _Stages,
+) -> _Lowered:
+    """Stages re_export to check_delegates: the program on its delegates, its layouts pinned,
+    its IO parameters extracted."""
     with stages.stage("re_export"):
-        program = torch.export.export(converted, inputs, strict=True)
+        program = torch.export.export(quantized.converted, inputs, strict=True)
+    quantizer = quantized.quantizer
+    ins, outs = (quantizer.input_qspecs, quantizer.output_qspecs) if quantizer else ((), ())
     quantized_inputs = [k for k, q in enumerate(ins) if q is not None]
     quantized_outputs = [k for k, q in enumerate(outs) if q is not None]
     # VGF: each sampler the integer contract covers becomes a compute segment of the VGF
     # (etkit's shader); the others, and all with sampler_delegate, go to etkit's delegate.
     in_vgf = target == "vgf" and not sampler_delegate
+    partitioner = quantized.partitioner
     if in_vgf:
         partitioner = VgfSamplerPartitioner(partitioner)
     policies = PolicyPartitioner(
@@ -444,20 +534,26 @@ def _run(
         io_params = io_table(manager.exported_program(), extracted)
     with stages.stage("check_delegates"):  # a program that could never run fails here
         check_call_sites(manager.exported_program())
+    return _Lowered(manager, policies, grid_partitioner, paths, io_params)
 
-    float_section = report_section(  # the edge program as lowered, before to_executorch
-        manager.exported_program(),
-        quantized=quant.enabled,
-        grid_math=quant.grid_math,
-        intermediates=intermediates if target == "vgf" else None,
-    )
-    for warning in float_section["warnings"]:
-        logger.warning("%s", warning)
+
+def _write_program(
+    lowered: _Lowered,
+    quantized: _Quantized,
+    inputs: tuple[torch.Tensor, ...],
+    work: Path,
+    intermediates: Path,
+    target: str,
+    stages: _Stages,
+) -> dict[str, Any]:
+    """Stages serialize, load and etrecord: model.pte and io_quant_params.json written, the
+    program loaded back, the ETRecord written. Returns the IO parameters with the dim orders
+    the .pte has."""
     with stages.stage("serialize"):
-        strip_build_paths(manager.exported_program())
-        executorch_manager = manager.to_executorch()
+        strip_build_paths(lowered.manager.exported_program())
+        executorch_manager = lowered.manager.to_executorch()
         pte = executorch_manager.buffer
-        io_params = with_pte_layouts(io_params, pte)  # the dim orders the .pte really has
+        io_params = with_pte_layouts(lowered.io_params, pte)  # the dim orders the .pte really has
         (work / "model.pte").write_bytes(pte)
         (work / "io_quant_params.json").write_text(json.dumps(io_params, indent=2) + "\n")
     with stages.stage("load"):  # a program the runtime refuses is no export
@@ -467,64 +563,78 @@ def _run(
             work,
             executorch_manager,
             inputs,
-            float_program=exported,
+            float_program=quantized.exported,
             forbidden_paths=[work, intermediates],
         )
-    verification = None
-    if verify:
-        with stages.stage("verify"):  # the verdict, and where a failing program diverges
-            run = verify_export(
-                work, model, converted, inputs, io_params, target,
-                tolerance=tolerance, float_export=not quant.enabled,
-            )  # fmt: skip
-            verification = run.verification
-        if bundle and run.passed:  # a failed program's outputs are no test vectors
-            with stages.stage("bundle"):
-                (work / BUNDLE_NAME).write_bytes(
-                    bundle_bytes(work / "model.pte", run.inputs, run.outputs)
-                )
-                side = sidecar(
-                    io_params,
-                    RUNNERS.get(target, "executorch.runtime"),
-                    verdict=verification["verdict"],
-                )
-                (work / SIDECAR_NAME).write_text(json.dumps(side, indent=2) + "\n")
-    scenario_section = None
-    if scenario:  # the whole program as one Vulkan scenario (docs/scenario.md)
-        with stages.stage("scenario"):
-            scenario_section = export_scenario(work, inputs, io_params)
+    return io_params
+
+
+def _verify(
+    work: Path,
+    model: torch.nn.Module,
+    quantized: _Quantized,
+    inputs: tuple[torch.Tensor, ...],
+    io_params: dict[str, Any],
+    target: str,
+    bundle: bool,
+    tolerance: Any,
+    quant: QuantOptions,
+    stages: _Stages,
+) -> dict[str, Any] | None:
+    """Stages verify and bundle: the verdict on the written program (model.bpte and its
+    sidecar written when it passes and ``bundle``). Returns the verification."""
+    with stages.stage("verify"):  # the verdict, and where a failing program diverges
+        run = verify_export(
+            work, model, quantized.converted, inputs, io_params, target,
+            tolerance=tolerance, float_export=not quant.enabled,
+        )  # fmt: skip
+        verification = run.verification
+    if bundle and run.passed:  # a failed program's outputs are no test vectors
+        with stages.stage("bundle"):
+            (work / BUNDLE_NAME).write_bytes(
+                bundle_bytes(work / "model.pte", run.inputs, run.outputs)
+            )
+            side = sidecar(
+                io_params,
+                RUNNERS.get(target, "executorch.runtime"),
+                verdict=verification["verdict"],
+            )
+            (work / SIDECAR_NAME).write_text(json.dumps(side, indent=2) + "\n")
+    return verification
+
+
+def _report(
+    lowered: _Lowered,
+    quantized: _Quantized,
+    quant: QuantOptions,
+    target: str,
+    io_params: dict[str, Any],
+    verification: dict[str, Any] | None,
+    scenario_section: dict[str, Any] | None,
+    float_section: dict[str, Any],
+    intermediates: Path,
+    stages: _Stages,
+) -> dict[str, Any]:
+    """report.json's content: the lowering, the IO table, the stage timings so far, the
+    verification, the saturation records, the scenario, where each grid sampler went and the
+    float ops (with the coordinate inputs kept in float)."""
     report = build_report(
-        manager.exported_program(),
+        lowered.manager.exported_program(),
         target=target,
         io_params=io_params,
-        detagged=policies.detagged,
-        grid_rejections=[(r.node, r.reason) for r in grid_partitioner.rejections],
+        detagged=lowered.policies.detagged,
+        grid_rejections=[(r.node, r.reason) for r in lowered.grid_partitioner.rejections],
         timings=stages.timings,
         intermediates=intermediates,
         verification=verification,
-        tosa_spec=spec,
-        saturation=[record.as_dict() for record in saturations],
+        tosa_spec=quantized.spec,
+        saturation=[record.as_dict() for record in quantized.saturations],
     )
     if scenario_section is not None:
         report["scenario"] = scenario_section
-    report["grid_sampler_paths"] = paths
-    if quantizer is not None and quant.grid_math == "float":
-        coordinates["inputs"] = list(quantizer.coordinate_inputs)
-        float_section["coordinate_inputs"] = coordinates
+    report["grid_sampler_paths"] = lowered.paths
+    if quantized.quantizer is not None and quant.grid_math == "float":
+        quantized.coordinates["inputs"] = list(quantized.quantizer.coordinate_inputs)
+        float_section["coordinate_inputs"] = quantized.coordinates
     report["float_ops"] = float_section
-    write_report(report, work)
-    return ExportResult(
-        edge_program=manager.exported_program(),
-        example_inputs=inputs,
-        io_quant_params=io_params,
-        pte_path=work / "model.pte",
-        report=report,
-        artifacts_root=work,
-        verification=verification,
-        converted_model=converted,
-        saturation=saturations,
-    )
-
-
-# Compile-spec keys that hold a folder of the machine that lowered the program (the Arm backend's
-# intermediates); no runtime reads them, and a shipped program must not carry them.
+    return report

@@ -47,6 +47,8 @@ def _with_built_ins(
     grid_sampler_impl: GridSamplerImpl,
     delegates: Mapping[str, DelegateFn] | None,
 ) -> PteProgram:
+    # GridSamplerDelegate checks grid_sampler_impl (a ValueError naming it) before anything is
+    # registered: the one place the implementation is checked and chosen.
     for backend_id, backend in built_in_backends(grid_sampler_impl).items():
         program.register_backend(backend_id, backend)
     for backend_id, fn in (delegates or {}).items():
@@ -63,7 +65,7 @@ def load_program(
     """``path`` read by etkit_pterunner, the app's delegates registered (the grid sampler on
     ``grid_sampler_impl``'s kernel, ``"cpu"`` or ``"vulkan"``), then ``delegates`` (Python
     functions by backend id, replacing them; see ``PteProgram.register_delegate``)."""
-    return _with_built_ins(PteProgram.load(path), _checked(grid_sampler_impl), delegates)
+    return _with_built_ins(PteProgram.load(path), grid_sampler_impl, delegates)
 
 
 def program_from_bytes(
@@ -75,10 +77,4 @@ def program_from_bytes(
 ) -> PteProgram:
     """``load_program`` for the bytes of a ``.pte`` file."""
     program = PteProgram.from_bytes(data, source=source)
-    return _with_built_ins(program, _checked(grid_sampler_impl), delegates)
-
-
-def _checked(grid_sampler_impl: str) -> GridSamplerImpl:
-    if grid_sampler_impl not in GRID_SAMPLER_IMPLS:
-        raise ValueError(f"grid_sampler_impl must be 'cpu' or 'vulkan', got {grid_sampler_impl!r}")
-    return grid_sampler_impl  # type: ignore[return-value]
+    return _with_built_ins(program, grid_sampler_impl, delegates)
