@@ -41,14 +41,23 @@ def _inputs() -> tuple[torch.Tensor, ...]:
     return (torch.randn(1, 4, 6, 8, generator=torch.Generator().manual_seed(3)),)
 
 
-@pytest.mark.parametrize("activation", ["sigmoid", "tanh"])
-def test_plain_pools_become_depthwise_convolutions_of_the_same_values(activation: str) -> None:
-    model = PooledGate(activation).eval()
+def test_a_plain_pool_becomes_its_depthwise_convolution() -> None:
+    model = PooledGate("sigmoid").eval()  # avg_pool2d(2) over 6 x 8
     graph = torch.export.export(model, _inputs(), strict=True).module(check_guards=False)
-    assert len(average_pools_as_convs(graph)) == 1
+    assert average_pools_as_convs(graph) == ["avg_pool2d"]
     convs = [n for n in graph.graph.nodes if n.target == torch.ops.aten.conv2d.default]
     assert len(convs) == 2 and convs[1].args[6] == 4  # the model's conv, then the depthwise
     assert not [n for n in graph.graph.nodes if n.op == "call_function" and "pool" in str(n.target)]
+    with torch.no_grad():
+        torch.testing.assert_close(graph(*_inputs()), model(*_inputs()), rtol=1e-6, atol=1e-6)
+
+
+def test_a_global_average_pool_becomes_a_mean() -> None:
+    model = PooledGate("tanh").eval()  # adaptive_avg_pool2d(1)
+    graph = torch.export.export(model, _inputs(), strict=True).module(check_guards=False)
+    assert average_pools_as_convs(graph) == ["adaptive_avg_pool2d"]
+    (mean,) = [n for n in graph.graph.nodes if n.target == torch.ops.aten.mean.dim]
+    assert mean.args[1:] == ([-2, -1], True)
     with torch.no_grad():
         torch.testing.assert_close(graph(*_inputs()), model(*_inputs()), rtol=1e-6, atol=1e-6)
 

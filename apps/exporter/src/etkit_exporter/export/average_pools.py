@@ -2,9 +2,11 @@
 quantization; each rewrite leaves the float model's values as they were).
 
 ``average_pools_as_convs``: an ``avg_pool2d`` without padding (and an ``adaptive_avg_pool2d``
-whose output divides its input, global average pooling included) becomes the depthwise
-convolution it is: weights ``1 / (kh * kw)``, stride the pool's. Why: the int8 TOSA
-``AVG_POOL2D`` that ExecuTorch 1.5.1's Arm backend writes comes back wrong from the VGF on
+whose output divides its input) becomes the depthwise convolution it is: weights
+``1 / (kh * kw)``, stride the pool's; a pool over the whole image (global average pooling)
+becomes ``mean`` over height and width (as a convolution with a kernel that large, the Arm
+lowering failed on some graphs: "Unsupported dtype torch.int16 for GREATER_EQUAL"). Why: the
+int8 TOSA ``AVG_POOL2D`` that ExecuTorch 1.5.1's Arm backend writes comes back wrong from the VGF on
 Vulkan here (ML emulation layer on lavapipe) for pools of 9 or more values and some of 8 (3x3,
 2x5, 1x8, 3x4, 6x8; 2x2, 2x4, 4x2, 3x2, 1x7 are right): 3-8 dB from the quantized model, 254
 steps off, a global average pool ahead of a classifier included. ``mean`` over the same values
@@ -112,6 +114,14 @@ def average_pools_as_convs(module: GraphModule) -> list[str]:
         if window is None:
             continue
         (kh, kw), stride = window
+        if (kh, kw) == tuple(int(d) for d in value.shape[-2:]):
+            with module.graph.inserting_before(node):  # a global average: a mean
+                mean = module.graph.call_function(torch.ops.aten.mean.dim, (source, [-2, -1], True))
+            mean.meta.update({k: node.meta[k] for k in ("val", "stack_trace") if k in node.meta})
+            node.replace_all_uses_with(mean)
+            module.graph.erase_node(node)
+            replaced.append(node.name)
+            continue
         channels = int(value.shape[1])
         weight = torch.full((channels, 1, kh, kw), 1.0 / (kh * kw), dtype=value.dtype)
         name = _free_name(module, f"_etkit_average_{node.name}")
