@@ -11,7 +11,7 @@
 - ``etkit_quant.graph``: the FX graph queries the other etkit libraries share.
 """
 
-from etkit_quant.boundary import BoundaryQuantizer, user_inputs, user_outputs
+from etkit_quant.boundary import BoundaryQuantizer, own_constants, user_inputs, user_outputs
 from etkit_quant.calibration import (
     SATURATION_THRESHOLD,
     DefaultQSpecs,
@@ -103,6 +103,7 @@ __all__ = [
     "observed_int8",
     "observed_int16",
     "operator_name",
+    "own_constants",
     "qformat",
     "quantize",
     "saturation",

@@ -10,6 +10,7 @@ from typing import Any, Final, Literal, get_args
 import torch
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.quantizer import (
+    FixedQParamsQuantizationSpec,
     QuantizationAnnotation,
     QuantizationSpec,
     QuantizationSpecBase,
@@ -18,7 +19,14 @@ from torchao.quantization.pt2e.quantizer import (
 )
 
 from etkit_quant.graph import coordinate_inputs, coordinate_nodes, is_grid_sampler, is_shape_op
-from etkit_quant.qspecs import is_fixed, observed_int8, snorm8, snorm16
+from etkit_quant.qspecs import (
+    fixed_qparams,
+    is_fixed,
+    observed_int8,
+    observed_int16,
+    snorm8,
+    snorm16,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +172,10 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
     # -- the Quantizer protocol -------------------------------------------------------------
 
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
+        # The base's passes may write into a parameter (Arm folds a constant scale after a
+        # convolution into its weights in place), and an exported graph's parameters are the
+        # caller's model's own tensors: the graph gets its own copies first.
+        own_constants(model)
         result: GraphModule = self.base.transform_for_annotation(model)
         return result
 
@@ -519,11 +531,30 @@ def _read_image_as_produced(sampler: Node) -> None:
     annotation.input_qspec_map[image] = SharedQuantizationSpec(image)
 
 
+_OBSERVED: Final = {torch.int8: observed_int8, torch.int16: observed_int16}
+
+
+def _fixed_range(qspec: object) -> tuple[float, int, int, int, torch.dtype] | None:
+    """The parameters of a fixed-parameter qspec (etkit's presets or torchao's
+    ``FixedQParamsQuantizationSpec``, as Arm gives a grid sampler's output); ``None`` for any
+    other."""
+    if isinstance(qspec, FixedQParamsQuantizationSpec):
+        return (qspec.scale, qspec.zero_point, qspec.quant_min, qspec.quant_max, qspec.dtype)
+    if isinstance(qspec, QuantizationSpec) and is_fixed(qspec):
+        p = fixed_qparams(qspec)
+        return (p.scale, p.zero_point, p.quant_min, p.quant_max, p.dtype)
+    return None
+
+
 def _settle_tied_inputs(model: GraphModule) -> None:
     """Inputs the base tied together (one scale for all inputs of a ``cat``) keep the base's
     observed parameters, so every input is requantized into one range covering them all; but
     when every tied input comes from an etkit boundary or grid sampler with the same fixed
-    qspec, the group takes that qspec and reads them as they are."""
+    qspec, the group takes that qspec and reads them as they are. A group the base tied to a
+    fixed range its first input no longer produces (Arm gives a grid sampler's output SNORM8,
+    [-1, 1], and ties a ``cat`` of it to that range; etkit then gives the sampler a calibrated
+    output) takes observed parameters instead, covering every tied input, as the base does
+    for any other group: the stale range would clip each input reaching past it."""
     for node in model.graph.nodes:
         annotation = node.meta.get(ANNOTATION_KEY)
         if annotation is None:
@@ -533,6 +564,51 @@ def _settle_tied_inputs(model: GraphModule) -> None:
             qspecs = [_output_qspec(m) for m in members]
             if is_fixed(qspecs[0]) and all(q == qspecs[0] for q in qspecs):
                 annotation.input_qspec_map[members[0]] = qspecs[0]
+                continue
+            root = annotation.input_qspec_map.get(members[0])
+            stale = _fixed_range(root) not in (None, _fixed_range(qspecs[0]))
+            if stale and root.dtype in _OBSERVED:
+                observed = _OBSERVED[root.dtype]()
+                logger.debug(
+                    "%s: inputs %s tied to a fixed range %s does not produce; observed instead",
+                    node.name,
+                    ", ".join(m.name for m in members),
+                    members[0].name,
+                )
+                annotation.input_qspec_map[members[0]] = observed
+
+
+def own_constants(model: GraphModule) -> None:
+    """Gives every tensor that ``model``'s graph reads through ``get_attr`` (parameters,
+    buffers, constants) a copy of its own, in place, so that a pass writing into one leaves the
+    module ``model`` was exported from as it was. A tensor read under several names stays one
+    tensor (one copy)."""
+    copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (original, copy)
+    for node in model.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        assert isinstance(node.target, str)
+        owner_path, _, name = node.target.rpartition(".")
+        owner = model.get_submodule(owner_path)
+        value = getattr(owner, name, None)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if id(value) in copies:
+            copy = copies[id(value)][1]
+        else:
+            data = value.detach().clone()
+            copy = (
+                torch.nn.Parameter(data, value.requires_grad)
+                if isinstance(value, torch.nn.Parameter)
+                else data
+            )
+            copies[id(value)] = (value, copy)  # the original kept alive: its id stays its own
+        if name in owner._parameters:
+            owner._parameters[name] = copy  # type: ignore[assignment]
+        elif name in owner._buffers:
+            owner._buffers[name] = copy
+        else:
+            setattr(owner, name, copy)
 
 
 def _parameters(node: Node) -> list[Node]:

@@ -10,7 +10,7 @@ from torch.fx import GraphModule
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 from torchao.quantization.pt2e.quantizer import Quantizer
 
-from etkit_quant.boundary import BoundaryQuantizer
+from etkit_quant.boundary import BoundaryQuantizer, own_constants
 from etkit_quant.calibration import OnSample, check_calibration
 from etkit_quant.requantize import requantize_shared_inputs
 
@@ -56,6 +56,9 @@ def quantize(
     exported = torch.export.export(model, inputs, strict=True)
     # torch 2.13 adds a _guards_fn call_module by default, which PT2E quantizers reject.
     graph_module: Any = exported.module(check_guards=False)
+    # Quantizers' passes write into weights (the Arm quantizer folds `conv(x) * c` into the
+    # conv's weights in place): the caller's model must not see it.
+    own_constants(graph_module)
     if isinstance(quantizer, BoundaryQuantizer):
         num_inputs = sum(1 for n in graph_module.graph.nodes if n.op == "placeholder" and n.users)
         num_outputs = len(exported.graph_signature.user_outputs)
