@@ -96,6 +96,15 @@ def _free_name(module: GraphModule, base: str) -> str:
     return name
 
 
+def _replace(module: GraphModule, node: Node, target: Any, args: tuple[Any, ...]) -> None:
+    """``node`` replaced by a call of ``target`` on ``args``, with its value and source line."""
+    with module.graph.inserting_before(node):
+        new = module.graph.call_function(target, args)
+    new.meta.update({k: node.meta[k] for k in ("val", "stack_trace") if k in node.meta})
+    node.replace_all_uses_with(new)
+    module.graph.erase_node(node)
+
+
 def average_pools_as_convs(module: GraphModule) -> list[str]:
     """Replaces each plain average pool of a 4-D float tensor by its depthwise convolution
     (see the module's docstring). Returns the names of the pools; the module is recompiled
@@ -115,26 +124,16 @@ def average_pools_as_convs(module: GraphModule) -> list[str]:
             continue
         (kh, kw), stride = window
         if (kh, kw) == tuple(int(d) for d in value.shape[-2:]):
-            with module.graph.inserting_before(node):  # a global average: a mean
-                mean = module.graph.call_function(torch.ops.aten.mean.dim, (source, [-2, -1], True))
-            mean.meta.update({k: node.meta[k] for k in ("val", "stack_trace") if k in node.meta})
-            node.replace_all_uses_with(mean)
-            module.graph.erase_node(node)
-            replaced.append(node.name)
-            continue
-        channels = int(value.shape[1])
-        weight = torch.full((channels, 1, kh, kw), 1.0 / (kh * kw), dtype=value.dtype)
-        name = _free_name(module, f"_etkit_average_{node.name}")
-        module.register_buffer(name, weight)
-        with module.graph.inserting_before(node):
-            weight_node = module.graph.get_attr(name)
-            conv = module.graph.call_function(
-                torch.ops.aten.conv2d.default,
-                (source, weight_node, None, list(stride), [0, 0], [1, 1], channels),
-            )
-        conv.meta.update({k: node.meta[k] for k in ("val", "stack_trace") if k in node.meta})
-        node.replace_all_uses_with(conv)
-        module.graph.erase_node(node)
+            _replace(module, node, torch.ops.aten.mean.dim, (source, [-2, -1], True))  # global
+        else:
+            channels = int(value.shape[1])
+            weight = torch.full((channels, 1, kh, kw), 1.0 / (kh * kw), dtype=value.dtype)
+            name = _free_name(module, f"_etkit_average_{node.name}")
+            module.register_buffer(name, weight)
+            with module.graph.inserting_before(node):
+                weight_node = module.graph.get_attr(name)
+            conv_args = (source, weight_node, None, list(stride), [0, 0], [1, 1], channels)
+            _replace(module, node, torch.ops.aten.conv2d.default, conv_args)
         replaced.append(node.name)
     if replaced:
         logger.info("average pools as depthwise convolutions: %s", ", ".join(replaced))
