@@ -23,7 +23,7 @@ from etkit_exporter.vgf.scenario import run_scenario
 from etkit_exporter.vgf.scenario_writer import SCENARIO_DIR, SCENARIO_JSON
 from etkit_exporter.vgf.tools import find_tool
 from etkit_gridsampler import GridSampleOp, QParams, cpu
-from etkit_gridsampler.vgf_shader import IN_VGF, OWN_DELEGATE, READS_VGF_INPUT
+from etkit_gridsampler.vgf_shader import IN_VGF, OWN_DELEGATE
 
 _DTYPES = {"int8": torch.int8, "int16": torch.int16}
 
@@ -108,20 +108,21 @@ def test_one_vgf_delegate_with_a_compute_segment_per_sampler(
     subprocess.run([find_tool("vgf_dump"), "-i", str(vgf), "-o", str(dumped)], check=True)
     kinds = [m["type"] for m in json.loads(dumped.read_text())["modules"]]
     assert kinds == ["GRAPH", "COMPUTE", "GRAPH"]
-    # resample's samplers each read two VGF inputs (image and grid), which model-converter 0.11
-    # cannot wire into a compute segment: both stay in etkit's delegate, the conv in the VGF
+    # resample's samplers each read two VGF inputs (image and grid): each is a compute segment
+    # reading identity copies the graph segment makes of them (model-converter 0.11 cannot
+    # wire a compute segment to VGF inputs so), the conv in the same VGF
     one = exports["one"]
-    assert sorted(_backends(one)) == ["GridSamplerBackend", "GridSamplerBackend", "VgfBackend"]
+    assert _backends(one) == ["VgfBackend"]
     paths = one.report["grid_sampler_paths"]
-    assert [(p["path"], p["reason"]) for p in paths] == [(OWN_DELEGATE, READS_VGF_INPUT)] * 2
+    assert [(p["path"], p["reason"]) for p in paths] == [(IN_VGF, None)] * 2
 
 
 def test_sampler_inside_the_vgf_gives_the_cpu_kernels_bits(
     exports: dict[str, ExportResult],
 ) -> None:
     """resample's second output is the nearest/zeros/align_corners sampler on the program's own
-    inputs (in etkit's delegate: it reads two VGF inputs): exactly what etkit's CPU kernel
-    returns."""
+    inputs (a compute segment of the one VGF, reading the graph segment's copies of them):
+    exactly what etkit's CPU kernel returns."""
     one = exports["one"]
     _, inputs = resample()
     (image, grid), outputs = _run(one, inputs)
@@ -177,33 +178,36 @@ def test_sampler_whose_buffers_are_not_whole_words_stays_in_etkits_delegate(
 
 
 class _ChainedOffVgf(torch.nn.Module):
-    """A sampler that reads the program's image two ways (its conv predicts the grid), so it
-    goes to etkit's delegate; a second sampler reads that sampler's output and a grid the
-    program is given: both its operands come from outside the VGF."""
+    """A sampler of a one-channel 5x5 image (25 bytes: not whole 32-bit words, so it goes to
+    etkit's delegate) whose grid a conv of that image predicts; a second sampler reads that
+    sampler's output and a grid the program is given: both its operands come from outside the
+    VGF."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv = torch.nn.Conv2d(4, 2, 1)
+        self.conv = torch.nn.Conv2d(1, 2, 1)
 
     def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-        warped = F.grid_sample(image, torch.tanh(self.conv(image)).permute(0, 2, 3, 1))
+        flow = torch.tanh(self.conv(image))[:, :, :4, :4]
+        warped = F.grid_sample(image, flow.permute(0, 2, 3, 1))
         return F.grid_sample(warped, grid, align_corners=False)
 
 
-def test_sampler_whose_operands_all_come_from_outside_the_vgf_goes_to_etkits_delegate(
+def test_sampler_whose_operands_all_come_from_outside_the_vgf_stays_in_the_vgf(
     tmp_path: Path,
 ) -> None:
-    """Which backend takes such a sampler is known only once the partitions are: before, EXIR
-    expected the VGF to take it and stopped the export ("aten_grid_sampler_2d_default_1 ...
-    was not decomposed or delegated"; a fuzzer find)."""
+    """Which backend takes each sampler is known only once the partitions are: before, EXIR
+    expected the VGF to take the first and stopped the export ("aten_grid_sampler_2d_default
+    ... was not decomposed or delegated"; a fuzzer find). The second reads two VGF inputs,
+    which model-converter 0.11 cannot wire into a compute segment (it exited 255): it reads
+    the graph segment's copies of them."""
     torch.manual_seed(4)
-    inputs = (torch.rand(2, 4, 4, 8) * 2 - 1, torch.rand(2, 6, 7, 2) * 2.4 - 1.2)
+    inputs = (torch.rand(2, 1, 5, 5) * 2 - 1, torch.rand(2, 6, 8, 2) * 2.4 - 1.2)
     result = export_model(
         _ChainedOffVgf().eval(), inputs, artifacts_root=tmp_path / "chained", verify=True
     )
-    paths = [p["path"] for p in result.report["grid_sampler_paths"]]
-    assert paths == [OWN_DELEGATE, OWN_DELEGATE]
-    reasons = {str(p["reason"]) for p in result.report["grid_sampler_paths"]}
-    assert reasons == {READS_VGF_INPUT}
+    paths = [(p["path"], p["reason"]) for p in result.report["grid_sampler_paths"]]
+    assert paths[1] == (IN_VGF, None)
+    assert paths[0][0] == OWN_DELEGATE and "not a multiple of 4" in str(paths[0][1])
     assert result.verification is not None
     assert result.verification["verdict"]["result"] == "pass"

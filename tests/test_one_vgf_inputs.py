@@ -1,9 +1,11 @@
 """A grid sampler that reads a VGF input directly (its image or grid, looking through
-quantize/dequantize, comes from outside the VGF partition) stays in etkit's own delegate:
-model-converter 0.11 gives such a compute segment an input resource the VGF never declares
-(scenario_runner: "No resource found for VGF binding") when other VGF ops read the same input,
-and exits 255 when both the image and the grid are VGF inputs. Both fuzzer-found shapes must
-export and verify, with the sampler's path and reason reported. Real toolchain throughout."""
+quantize/dequantize and layout ops, comes from outside the VGF partition) stays inside the VGF as
+a compute segment: the graph segment before it computes an identity copy of that input (a
+RESCALE of scale 1) for it to read. Without the copy, model-converter 0.11 gives such a compute
+segment an input resource the VGF never declares when other VGF ops read the same input
+(scenario_runner: "No resource found for VGF binding"), and exits 255 when both the image and
+the grid are VGF inputs. Both fuzzer-found shapes must export as one VGF delegate and compute
+the quantized PT2E model's integers exactly. Real toolchain throughout."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from etkit_exporter import ExportResult, export_model
-from etkit_gridsampler.vgf_shader import OWN_DELEGATE, READS_VGF_INPUT
+from etkit_exporter.programs import load_program
+from etkit_gridsampler.vgf_shader import IN_VGF
 
 
 def _flow_to_grid(flow: torch.Tensor) -> torch.Tensor:
@@ -85,9 +88,14 @@ def exported(
     return export_model(model, inputs, target="vgf", artifacts_root=root, verify=True)
 
 
-def test_sampler_reading_a_vgf_input_stays_in_etkits_delegate_and_verifies(
+def test_sampler_reading_a_vgf_input_is_a_compute_segment_of_the_one_vgf(
     exported: ExportResult,
 ) -> None:
-    assert exported.verification is not None
     (path,) = exported.report["grid_sampler_paths"]
-    assert (path["path"], path["reason"]) == (OWN_DELEGATE, READS_VGF_INPUT)
+    assert (path["path"], path["reason"]) == (IN_VGF, None)
+    assert exported.pte_path is not None
+    assert [d.backend_id for d in load_program(exported.pte_path).delegates] == ["VgfBackend"]
+    assert exported.verification is not None
+    (compared,) = exported.verification["verdict"]["outputs"]
+    assert compared["reference"] == "quantized PT2E model"
+    assert compared["max_steps"] == 0

@@ -232,6 +232,10 @@ def test_vgf_grid_samplers_in_the_vgf(vgf: Exported) -> None:
         held[partition["backend"]] = held.get(partition["backend"], 0) + count
     assert held["VgfBackend"] == len(inside), (held, paths)
     assert held["GridSamplerBackend"] == len(own) == len(report["grid_samplers"]), (held, paths)
+    # a model whose ops all lower is one VGF: one delegate call, nothing of etkit on the device
+    if not own and not report["outside_delegates"]:
+        vgfs = [p["name"] for p in report["partitions"] if p["backend"] == "VgfBackend"]
+        assert len(vgfs) == len(report["partitions"]) == 1, report["partitions"]
 
 
 def test_vgf_split_grid_samplers_delegated(vgf_split: Exported) -> None:

@@ -11,7 +11,7 @@ import torchao.quantization.pt2e  # noqa: F401  # registers the quantized_decomp
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from etkit_partition import duplicate_dequantize, repair_partitions
+from etkit_partition import duplicate_dequantize, merge_partitions, repair_partitions
 
 TAG = "delegation_tag"
 Q = torch.ops.quantized_decomposed.quantize_per_tensor.default
@@ -132,3 +132,33 @@ def test_weight_goes_with_the_op_that_reads_it_when_a_partition_is_split() -> No
     assert after["relu"] != after["mul"]  # one partition would form a cycle through sigmoid
     assert after["b_weight"] == after["mul"]  # not a partition of a lone weight
     assert set(tags) == {after["relu"], after["mul"]}
+
+
+class SharingOnlyInputs(torch.nn.Module):
+    """relu(x) and tanh(x), then a sigmoid of the relu (kept outside) times the tanh: relu and
+    tanh share only the input; tanh and the mul are joined by an edge."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        relu = torch.relu(x)
+        return relu, torch.sigmoid(relu) * torch.tanh(x)
+
+
+def test_partitions_sharing_only_inputs_are_merged_into_one() -> None:
+    program = _program(SharingOnlyInputs())
+    _tag(program, {"relu": "a", "tanh": "b", "mul": "c"})
+    tags = merge_partitions(program, {"a": "vgf", "b": "vgf", "c": "vgf"})
+    after = _tags(program)
+    # relu and tanh join (no path between them); mul cannot join relu's partition: relu ->
+    # sigmoid (outside) -> mul would be a cycle
+    assert after["relu"] == after["tanh"] == "a"
+    assert after["mul"] == "c"
+    assert tags == {"a": "vgf", "c": "vgf"}
+
+
+def test_partitions_of_different_backends_are_not_merged() -> None:
+    program = _program(SharingOnlyInputs())
+    _tag(program, {"relu": "a", "tanh": "b"})
+    tags = merge_partitions(program, {"a": "vgf", "b": "xnnpack"})
+    assert tags == {"a": "vgf", "b": "xnnpack"}
+    after = _tags(program)
+    assert (after["relu"], after["tanh"]) == ("a", "b")

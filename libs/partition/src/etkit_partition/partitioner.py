@@ -14,6 +14,7 @@ from etkit_partition.policies import (
     DetagOps,
     PartitionPolicy,
     duplicate_dequantize,
+    merge_partitions,
     repair_partitions,
 )
 from etkit_quant.graph import operator_name
@@ -28,9 +29,15 @@ class PolicyPartitioner(Partitioner):  # type: ignore[misc]  # executorch is unt
     ``DetagOps`` keeps outside) is the inner partitioner's, and so is
     ``transform_for_pre_decomposition``, followed by ``duplicate_dequantize``.
 
+    With ``merge``, partitions of the same backend that no outside path connects are then
+    joined into one (``merge_partitions``): one delegate call where the inner partitioner left
+    several unconnected pieces.
+
     Raises ``TypeError`` when ``inner`` is not a ``Partitioner`` or a policy has no ``apply``."""
 
-    def __init__(self, inner: Partitioner, policies: Sequence[PartitionPolicy]) -> None:
+    def __init__(
+        self, inner: Partitioner, policies: Sequence[PartitionPolicy], merge: bool = False
+    ) -> None:
         if not isinstance(inner, Partitioner):
             raise TypeError(
                 f"inner must be an ExecuTorch Partitioner (VgfPartitioner, ...), got "
@@ -45,6 +52,7 @@ class PolicyPartitioner(Partitioner):  # type: ignore[misc]  # executorch is unt
         super().__init__(getattr(inner, "_spec", {}))
         self.inner = inner
         self.policies = tuple(policies)
+        self.merge = merge
         self.detagged: dict[str, str] = {}  # node name -> the policy that left it outside
 
     @property
@@ -81,4 +89,6 @@ class PolicyPartitioner(Partitioner):  # type: ignore[misc]  # executorch is unt
             for node in policy.apply(program):
                 self.detagged[node.name] = type(policy).__name__
             tags = repair_partitions(program, tags)
+        if self.merge:
+            tags = merge_partitions(program, tags)
         return PartitionResult(tagged_exported_program=program, partition_tags=tags)

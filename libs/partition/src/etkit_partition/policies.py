@@ -319,3 +319,32 @@ def repair_partitions(program: ExportedProgram, tags: dict[str, object]) -> dict
             continue
         repaired[name] = spec
     return repaired
+
+
+def merge_partitions(program: ExportedProgram, tags: dict[str, object]) -> dict[str, object]:
+    """Joins partitions of the same delegation spec (backend and compile specs) into one
+    wherever no path runs from one to the other through a node outside both (joined, such a
+    path would be a cycle): the pieces a capability partitioner leaves apart because no edge
+    joins them (two ops that only share program inputs, say) become one delegate call, one VGF.
+    Partitions are joined in graph order, each into the first group it can join. Returns the
+    new tag -> spec mapping; run it after ``repair_partitions``."""
+    members: dict[str, set[Node]] = {}
+    for node in program.graph.nodes:
+        tag = node.meta.get(TAG_KEY)
+        if tag is not None and tag in tags:
+            members.setdefault(tag, set()).add(node)
+    order = {n: i for i, n in enumerate(program.graph.nodes)}
+    ordered = sorted(members, key=lambda t: min(order[n] for n in members[t]))
+    groups: list[tuple[str, set[Node]]] = []
+    for tag in ordered:
+        piece = members[tag]
+        for name, group in groups:
+            if tags[name] == tags[tag] and not _reached_through_outside(group | piece):
+                group |= piece
+                for node in piece:
+                    node.meta[TAG_KEY] = name
+                logger.debug("partition %s joined into %s", tag, name)
+                break
+        else:
+            groups.append((tag, set(piece)))
+    return {name: tags[name] for name, _ in groups}

@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 # intermediates); no runtime reads them, and a shipped program must not carry them.
 BUILD_PATH_COMPILE_SPECS: Final = frozenset({"debug_artifact_path"})
 
+# A grid sampler no delegate took (etkit's refused it too): ExecuTorch's portable float kernel.
+PORTABLE_KERNEL: Final = "portable-float-kernel"
+
 
 def strip_build_paths(program: ExportedProgram) -> list[str]:
     """Removes the compile specs of ``BUILD_PATH_COMPILE_SPECS`` from every lowered module of
@@ -67,10 +70,16 @@ def collect_sampler_lowering(in_vgf: bool) -> Iterator[list[dict[str, Any]]]:
 
 
 def sampler_paths(
-    partitioner: Any, program: ExportedProgram, segments: list[dict[str, Any]] | None, target: str
+    partitioner: Any,
+    program: ExportedProgram,
+    segments: list[dict[str, Any]] | None,
+    target: str,
+    rejected: dict[str, str],
 ) -> list[dict[str, Any]]:
-    """Which way each grid sampler went (a compute segment inside the VGF, with its
-    configuration, or etkit's own delegate with the reason), said on the console too."""
+    """Which way each grid sampler of ``program`` (the edge program before etkit's delegate)
+    went, said on the console too: a compute segment inside the VGF (with its configuration),
+    etkit's own delegate (with the reason it is not in the VGF), or, for the samplers etkit's
+    delegate refused too (``rejected``: node name -> why), ExecuTorch's portable float kernel."""
 
     if segments is None:
         left = [n.name for n in program.graph_module.graph.nodes if is_grid_sampler(n)]
@@ -79,9 +88,10 @@ def sampler_paths(
             if target == "vgf"
             else f"target {target}: etkit's own delegate"
         )
-        return [{"node": name, "path": OWN_DELEGATE, "reason": why} for name in left]
-    paths = [p.as_dict() for p in getattr(partitioner, "paths", [])]
-    made = {segment["node"]: segment for segment in segments}
+        paths = [{"node": name, "path": OWN_DELEGATE, "reason": why} for name in left]
+    else:
+        paths = [p.as_dict() for p in getattr(partitioner, "paths", [])]
+    made = {segment["node"]: segment for segment in segments or []}
     for path in paths:
         segment = made.get(str(path["node"]))
         if segment is not None:
@@ -96,9 +106,18 @@ def sampler_paths(
                 "params": segment["params_mode"],
                 "workgroups": segment["workgroups"],
             }
+        refused = rejected.get(str(path["node"]))
         if path["path"] == IN_VGF:
             logger.info("grid sampler %s: a compute segment inside the VGF", path["node"])
-        else:
+        elif refused is not None:
+            path["path"], path["reason"] = PORTABLE_KERNEL, refused
+            logger.warning(
+                "grid sampler %s is not delegated (it runs as ExecuTorch's portable float "
+                "kernel, on the CPU): %s",
+                path["node"],
+                refused,
+            )
+        elif segments is not None:
             logger.warning(
                 "grid sampler %s stays outside the VGF, in etkit's own delegate: %s",
                 path["node"],

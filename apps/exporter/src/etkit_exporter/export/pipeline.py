@@ -491,6 +491,8 @@ def _lower(
             # pads ExecuTorch 1.5.1's partitioners claim but cannot compile (etkit_partition.pads)
             *([DetagQuantizedPads()] if target == "xnnpack" else []),
         ],
+        # one VGF: pieces the Arm partitioner leaves apart (samplers sharing only inputs)
+        merge=target == "vgf",
     )
     # Channels-last boundaries are for a GPU engine (VGF); XNNPACK's delegates expect the
     # contiguous layout they were partitioned with (its runtime rejects some NHWC inputs).
@@ -504,19 +506,12 @@ def _lower(
             transform_passes=layout_passes,
             generate_etrecord=True,  # the record survives to_backend and to_executorch
         )
-    paths = sampler_paths(
-        partitioner, manager.exported_program(), segments if in_vgf else None, target
-    )
+    edge_program = manager.exported_program()
     grid_partitioner = GridSamplerPartitioner()
     with stages.stage("lower_grid_sampler"):
         manager = manager.to_backend(grid_partitioner)
-    for rejection in grid_partitioner.rejections:  # loud: the user asked for a delegated sampler
-        logger.warning(
-            "grid sampler %s is not delegated (it runs as ExecuTorch's portable float kernel, on "
-            "the CPU): %s",
-            rejection.node,
-            rejection.reason,
-        )
+    rejected = {r.node: r.reason for r in grid_partitioner.rejections}
+    paths = sampler_paths(partitioner, edge_program, segments if in_vgf else None, target, rejected)
     with stages.stage("pin_layouts"):
         # to_executorch re-traces the program: without this, delegate outputs get the layout
         # their operators compute (a grid sampler's is NCHW), not the one they were compiled for

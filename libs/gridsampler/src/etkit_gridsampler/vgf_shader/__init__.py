@@ -16,7 +16,6 @@ Importing this package does not import the Arm backend; ``sampler_lowering`` doe
 from etkit_gridsampler.vgf_shader.lowering import (
     IN_VGF,
     OWN_DELEGATE,
-    READS_VGF_INPUT,
     SamplerPath,
     VgfSamplerPartitioner,
     sampler_lowering,
@@ -43,7 +42,6 @@ __all__ = [
     "OPERATOR_NAME",
     "OWN_DELEGATE",
     "PARAMS_MODES",
-    "READS_VGF_INPUT",
     "PayloadError",
     "SamplerPath",
     "SamplerSegment",

@@ -82,62 +82,31 @@ def vgf_reason(node: Node) -> str | None:
     return None
 
 
-READS_VGF_INPUT: Final = (
-    "reads a VGF input directly: model-converter 0.11 gives the compute segment an undeclared "
-    "binding"
-)
+def _layout_chain(node: Node) -> list[Node]:
+    """``node`` and the nodes it copies through layout-only ops (permutes, views, dim-order
+    copies), up to the first node that computes: the ops that Arm's TOSA lowering folds into
+    the memory layout of one tensor."""
+    chain = [node]
+    while chain[-1].op == "call_function" and chain[-1].target in _layout_ops():
+        source = chain[-1].args[0]
+        if not isinstance(source, Node):
+            break
+        chain.append(source)
+    return chain
 
 
-def _reads_vgf_input(node: Node, user_inputs: set[str], tag: object = None) -> bool:
-    """Whether the grid sampler ``node`` reads a VGF input in a way model-converter 0.11 cannot
-    wire into a compute segment. A VGF input here is an operand (image or grid, looking through
-    quantize/dequantize nodes) produced outside the sampler's partition ``tag``: a program input,
-    or (once tagged) a node of no or another partition; constants live inside the VGF. Refused:
-    both operands are VGF inputs (model-converter exits 255 when a graph segment follows), or a
-    VGF input the sampler reads is also read by another op of the partition (the compute
-    segment gets an input resource the VGF never declares: scenario_runner stops with "No
-    resource found for VGF binding"). A single VGF input read by the sampler alone is fine.
-    ``tag`` ``None`` (before partitioning): only program inputs count, every reader counts."""
+@cache
+def _layout_ops() -> frozenset[object]:
+    from executorch.exir.dialects._ops import ops as exir_ops
 
-    def outside(source: Node) -> bool:
-        if source.op == "placeholder":
-            return source.name in user_inputs
-        return tag is not None and source.meta.get(_TAG) != tag
-
-    sources = [s for s in _operand_sources(node) if outside(s)]
-    if len(sources) == 2:
-        return True
-    for source in sources:
-        readers = {r for r in _readers(source) if tag is None or r.meta.get(_TAG) == tag}
-        if readers - {node}:
-            return True
-    return False
-
-
-def _readers(source: Node) -> set[Node]:
-    """The nodes reading ``source``'s value, through quantize and dequantize nodes."""
-    readers: set[Node] = set()
-    stack = list(source.users)
-    while stack:
-        user = stack.pop()
-        if is_quantize(user) or is_dequantize(user):
-            stack.extend(user.users)
-        else:
-            readers.add(user)
-    return readers
-
-
-def _operand_sources(node: Node) -> list[Node]:
-    """The nodes producing the grid sampler ``node``'s image and grid, through quantize and
-    dequantize nodes."""
-    sources = []
-    for operand in node.args[:2]:
-        source = operand
-        while isinstance(source, Node) and (is_quantize(source) or is_dequantize(source)):
-            source = source.args[0]
-        if isinstance(source, Node):
-            sources.append(source)
-    return sources
+    edge = exir_ops.edge
+    return frozenset(
+        {
+            edge.aten.permute_copy.default,
+            edge.aten.view_copy.default,
+            edge.dim_order_ops._to_dim_order_copy.default,
+        }
+    )
 
 
 class VgfSamplerPartitioner(Partitioner):  # type: ignore[misc]  # executorch is untyped
@@ -163,7 +132,7 @@ class VgfSamplerPartitioner(Partitioner):  # type: ignore[misc]  # executorch is
             if is_grid_sampler(node):
                 # No decomposition exists for it: it stays whole either way. Kept off the
                 # must-be-delegated list, since which backend takes it is decided only once the
-                # partitions are known (``partition``: a VGF input read two ways, say).
+                # partitions are known (``partition``: a sampler with too few bytes, say).
                 return False
             return inner_filter(node) if inner_filter is not None else True
 
@@ -176,7 +145,6 @@ class VgfSamplerPartitioner(Partitioner):  # type: ignore[misc]  # executorch is
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         result = self.inner.partition(exported_program)
         program = result.tagged_exported_program
-        user_inputs = set(program.graph_signature.user_inputs)
         self.paths = []
         for node in program.graph_module.graph.nodes:
             if not is_grid_sampler(node):
@@ -184,8 +152,6 @@ class VgfSamplerPartitioner(Partitioner):  # type: ignore[misc]  # executorch is
             reason = vgf_reason(node)
             if reason is None and _TAG not in node.meta:
                 reason = "the VGF partitioner did not claim it"
-            if reason is None and _reads_vgf_input(node, user_inputs, node.meta[_TAG]):
-                reason = READS_VGF_INPUT
             if reason is None:
                 self.paths.append(SamplerPath(node.name, IN_VGF))
                 continue
@@ -284,6 +250,38 @@ def _pass_classes() -> tuple[type, type]:
                 output=_qparams(next(iter(outputs.values()))),
             )
 
+        def _own_copy(
+            self,
+            graph: torch.fx.Graph,
+            operand: Node,
+            source: Node,
+            sampler: Node,
+            other: Node | None = None,
+        ) -> Node:
+            """``operand`` itself, or an identity ``RESCALE`` of it (scale 1, zero points 0:
+            the same integers) computed in the graph segment before the compute segment, when
+            the compute segment could not read ``source`` directly: a VGF input that other ops
+            of the VGF also read, or that the other operand is too (model-converter 0.11 gives
+            such a compute segment an input resource the VGF never declares, or exits 255),
+            or a value that is also a VGF output."""
+            chain = _layout_chain(source)
+            if chain[-1].op == "placeholder":
+                own = {*chain, sampler, operand}
+                shared = any(set(n.users) - own for n in chain) or (
+                    other is not None and _layout_chain(other)[-1].op == "placeholder"
+                )
+            else:
+                shared = any(u.op == "output" for n in chain for u in n.users)
+            if not shared:
+                return operand
+            value = operand.meta["val"]
+            copy: Node = create_node(
+                graph, exir_ops.backend.tosa.RESCALE.default,
+                args=(operand, value.dtype, [1.0], 0, 0), from_node=operand,
+            )  # fmt: skip
+            _set_val(copy, value.clone())
+            return copy
+
         def _params_placeholder(self, graph: torch.fx.Graph, name: str, words: Any) -> Node:
             if self.exported_program is None:
                 raise RuntimeError("the etkit grid-sampler rewrite needs its ExportedProgram")
@@ -333,7 +331,10 @@ def _pass_classes() -> tuple[type, type]:
                     _set_val(
                         nhwc, exir_ops.edge.aten.permute_copy.default(image.meta["val"], _NHWC)
                     )
-                    inputs = [nhwc, grid]
+                    inputs = [
+                        self._own_copy(graph, nhwc, image, node, other=grid),
+                        self._own_copy(graph, grid, grid, node, other=image),
+                    ]
                     if segment.params_mode == "tensor":
                         name = f"{node.name}_etkit_params"
                         inputs.append(self._params_placeholder(graph, name, segment.params_words))
