@@ -240,6 +240,17 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
                 output_annotation.input_qspec_map[node] = qspec
                 logger.debug("output %d: requantized from %s to %s", k, computed.dtype, qspec.dtype)
                 continue
+            if node.name in self.coordinate_nodes and qspec is not None:
+                # A grid the program returns, computed by the coordinate arithmetic: it stays
+                # float and is quantized on its way out, as a grid is at a sampler's grid input
+                # (quantizing the op's own result made it an integer op, which Arm's lowering
+                # decomposes with float constants against integer inputs).
+                if output_annotation is None:
+                    output_annotation = QuantizationAnnotation(_annotated=True)
+                    output.meta[ANNOTATION_KEY] = output_annotation
+                output_annotation.input_qspec_map[node] = qspec
+                logger.debug("output %d: coordinate arithmetic, quantized at the output", k)
+                continue
             if self._annotate_boundary(node, qspec, f"output {k}"):
                 mark_float(node, USER_CHOICE)
                 floated.add(node)

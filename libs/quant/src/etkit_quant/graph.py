@@ -452,9 +452,23 @@ def _written_tensor(node: Node) -> Node | None:
     return target
 
 
+def is_grid_shaped(node: Node) -> bool:
+    """Whether ``node``'s value is shaped like a sampling grid: a floating-point N x H x W x 2
+    tensor (``grid_sample``'s grid layout)."""
+    value = node.meta.get("val")
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dtype.is_floating_point
+        and value.dim() == 4
+        and int(value.shape[-1]) == 2
+    )
+
+
 def _only_feeds_grid(node: Node, user: Node, positions: set[Node]) -> bool:
     if user in positions:
         return True
+    if user.op == "output":  # a grid the program returns (an affine_grid, a flow grid)
+        return is_grid_shaped(node)
     if is_grid_sampler(user):
         image = user.args[0]
         return len(user.args) > 1 and user.args[1] is node and image is not node

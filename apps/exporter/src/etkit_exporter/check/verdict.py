@@ -240,7 +240,9 @@ def judge_outputs(
     outputs = []
     for index, (y, ref, entry) in enumerate(zip(actual, references, io_outputs, strict=True)):
         y = y.contiguous().reshape(ref.shape)
-        judged = judge_tensor(y, ref, entry.get("scale"), tolerance, float_reference=float_export)
+        scale, dtype = entry.get("scale"), getattr(torch, str(entry.get("dtype")), torch.int8)
+        step = None if scale is None else _judged_step(torch.empty(0, dtype=dtype), float(scale))
+        judged = judge_tensor(y, ref, step, tolerance, float_reference=float_export)
         outputs.append({"output": index, "reference": QUANTIZED_REFERENCE, **judged})
     failing = [o for o in outputs if not o["passes"]]
     return {
@@ -402,10 +404,13 @@ def localize(
 
 
 def _judged_step(value: torch.Tensor, scale: float) -> float:
-    """The step a delegate's integer output is judged in: its own for 8 bits; for wider types
-    the step of the same range in 8 bits (the tolerance's steps are 8-bit steps: an int16 grid
-    computed in float on two backends is a few of its own steps apart, 0.0003 of the range, as
-    RAFT's lookup grids measured 16 steps and 78.8 dB)."""
+    """The step an integer output (of the program or of a delegate call) is judged in: its own
+    for 8 bits; for wider types the step of the same range in 8 bits (the tolerance's steps are
+    8-bit steps: an int16 grid computed in float on two backends is a few of its own steps
+    apart, 0.0003 of the range, as RAFT's lookup grids measured 16 steps and 78.8 dB; an int16
+    affine grid returned by the program moves by up to 82 of its steps, 0.32 8-bit steps, when
+    the int8 theta it is computed from rounds one step apart). ``value``: a tensor of the
+    output's dtype, which says the width (float: judged in ``scale``)."""
     bits = torch.iinfo(value.dtype).bits if not value.dtype.is_floating_point else 8
     return scale * 2.0 ** max(0, bits - 8)
 
