@@ -83,9 +83,11 @@ def vgf_reason(node: Node) -> str | None:
 
 
 def _layout_chain(node: Node) -> list[Node]:
-    """``node`` and the nodes it copies through layout-only ops (permutes, views, dim-order
-    copies), up to the first node that computes: the ops that Arm's TOSA lowering folds into
-    the memory layout of one tensor."""
+    """``node`` and the nodes it copies through layout-only ops (permutes, views, slices,
+    clones, dim-order copies), up to the first node that computes: the ops that Arm's TOSA
+    lowering may fold into the memory layout of one tensor (a slice of the whole tensor
+    included; a real slice is a TOSA op, and the copy made for it is one pass too many, not a
+    wrong program)."""
     chain = [node]
     while chain[-1].op == "call_function" and chain[-1].target in _layout_ops():
         source = chain[-1].args[0]
@@ -104,7 +106,13 @@ def _layout_ops() -> frozenset[object]:
         {
             edge.aten.permute_copy.default,
             edge.aten.view_copy.default,
+            edge.aten.slice_copy.Tensor,  # a slice of the whole tensor folds away
+            edge.aten.squeeze_copy.dims,
+            edge.aten.unsqueeze_copy.default,
+            edge.aten.alias_copy.default,
+            edge.aten.clone.default,
             edge.dim_order_ops._to_dim_order_copy.default,
+            edge.dim_order_ops._clone_dim_order.default,
         }
     )
 
