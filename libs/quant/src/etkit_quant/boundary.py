@@ -450,10 +450,14 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             if len(source.users) != 1 or source_annotation is None:
                 continue
             shared = isinstance(source_annotation.output_qspec, SharedQuantizationSpec)
-            if shared or isinstance(source_annotation.output_qspec, QuantizationSpec):
-                source_annotation.output_qspec = qspec
             if shared and source.op == "call_function":
+                # It keeps sharing its input's parameters (an equal qspec on its output would
+                # be an observer of its own: Arm lowers an int8 bilinear resize, a pool, a clamp
+                # as if input and output parameters were one, and was 1-3 steps off otherwise);
+                # its inputs take the boundary's.
                 self._share_with_inputs(source, qspec)
+            elif isinstance(source_annotation.output_qspec, QuantizationSpec):
+                source_annotation.output_qspec = qspec
 
 
 def mark_float(node: Node, reason: str) -> None:
