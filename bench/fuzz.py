@@ -73,6 +73,8 @@ def worker(pairs: list[tuple[int, str]], out: Path, shrink_budget: int) -> None:
             "seconds": round(outcome.seconds, 1),
             "model": spec.counts(),
         }
+        if "program" in outcome.details:  # delegates, sampler paths, ops outside
+            record["program"] = outcome.details["program"]
         if outcome.kind == "failed_verification":
             record["failures"] = json.loads(
                 json.dumps(outcome.details.get("failures"), default=str)

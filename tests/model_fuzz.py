@@ -731,7 +731,28 @@ def classify_model(
             seconds,
             {"comparisons": verification["comparisons"]},
         )
-    return Outcome("verified", "", "", seconds, {"stages": dict(stages)})
+    return Outcome(
+        "verified", "", "", seconds, {"stages": dict(stages), "program": program_shape(result)}
+    )
+
+
+def program_shape(result: Any) -> dict[str, Any]:
+    """What the written program is made of: its delegates' backends, where each grid sampler
+    went (``grid_sampler_paths``), how many ops run outside every delegate, and whether it is
+    one delegate (``one_delegate``) where it can be: for VGF, one ``VgfBackend`` when no
+    sampler was left to another path and no op runs outside."""
+    report = result.report
+    backends = [p["backend"] for p in report.get("partitions", [])]
+    paths = [p["path"] for p in report.get("grid_sampler_paths", [])]
+    outside = len(report.get("outside_delegates", []))
+    whole = all(p == "vgf-compute-segment" for p in paths) and outside == 0
+    return {
+        "backends": backends,
+        "sampler_paths": paths,
+        "outside": outside,
+        "one_delegate_possible": whole,
+        "one_delegate": len(backends) == 1,
+    }
 
 
 # -- shrinking ---------------------------------------------------------------------------------

@@ -138,6 +138,10 @@ def test_a_generated_model_exports_and_verifies_or_is_refused(
     outcome = mf.classify(spec, target, tmp_path)
     if outcome.kind in ("verified", "refused"):
         assert "\n" not in outcome.message
+        program = outcome.details.get("program")
+        if target == "vgf" and program is not None and program["one_delegate_possible"]:
+            # every sampler in the VGF and no op outside: the program is one VGF
+            assert program["backends"] == ["VgfBackend"], (seed, program)
         return
     path = mf.write_repro(spec, target, outcome, tmp_path, f"seed{seed}-{target}")
     pytest.fail(
