@@ -32,8 +32,10 @@
 //    [q00, q01, q10, q11], step 5 its 32-bit requantization where that applies and a 64-bit one
 //    otherwise.
 //
-// The kinds, the set-up and the rows loop are quantized_core.h's; pass 1 is written once for
-// both targets (quantized_x86_pass1.h, over the Avx512 and Avx2 traits below).
+// The kinds, the set-up and the rows loop are quantized_core.h's; pass 1, the nearest passes and
+// the planar passes' taps are written once for both targets (quantized_x86_pass1.h,
+// quantized_x86_pass2.h, over the Avx512 and Avx2 traits below); what is written here per target
+// is where their instructions differ (step 4 and 5 of bilinear, the channels-last passes).
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -75,37 +77,6 @@ struct Coords {
   int32_t plane_max;
   alignas(64) int32_t plane[kRun];
 };
-
-// ---- pass 1 ----
-
-// Sixteen grid values of each axis (int32 lanes) from `grid` (the block's pixel i onwards).
-template <typename GridT>
-ETKIT_AVX512 inline void load_grid16(const GridT* grid, int64_t grid_x, int64_t grid_axis,
-                                     bool pairs, int64_t i, int64_t count, __m512i* gx,
-                                     __m512i* gy) {
-  const __mmask16 lanes =
-      count - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (count - i)) - 1);
-  if (pairs) {
-    if constexpr (std::is_same_v<GridT, int16_t>) {
-      const __m512i xy = _mm512_maskz_loadu_epi32(lanes, grid + i * 2);
-      *gx = _mm512_srai_epi32(_mm512_slli_epi32(xy, 16), 16);
-      *gy = _mm512_srai_epi32(xy, 16);
-    } else {
-      const __m512i xy = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, grid + i * 2));
-      *gx = _mm512_srai_epi32(_mm512_slli_epi32(xy, 24), 24);
-      *gy = _mm512_srai_epi32(_mm512_slli_epi32(xy, 16), 24);
-    }
-    return;
-  }
-  alignas(64) int32_t tx[16] = {}, ty[16] = {};
-  for (int64_t k = 0; k < std::min<int64_t>(16, count - i); ++k) {
-    const GridT* const point = grid + (i + k) * grid_x;
-    tx[k] = point[0];
-    ty[k] = point[grid_axis];
-  }
-  *gx = _mm512_load_si512(tx);
-  *gy = _mm512_load_si512(ty);
-}
 
 // ---- pass 2: shared pieces ----
 
@@ -262,25 +233,6 @@ ETKIT_AVX512 inline __m512i table_lookup(__m512i raw, const Finish& f) {
   return _mm512_mask_blend_epi8(_mm512_movepi8_mask(raw), positive, negative);
 }
 
-// Nearest: `bytes` raw image values in output order (at most 64, in `raw`) to the output.
-template <typename OutT>
-ETKIT_AVX512 inline void store_raw(__m512i raw, const Finish& f, OutT* out, int64_t bytes) {
-  if constexpr (std::is_same_v<OutT, int8_t>) {
-    _mm512_mask_storeu_epi8(out, byte_mask(bytes), table_lookup(raw, f));
-  } else {
-    // value = (q - zero) * 2^15, exact in float32; one product, as to_output<float>
-    alignas(64) int8_t values[64];
-    _mm512_store_si512(values, raw);
-    for (int64_t k = 0; k < bytes; k += 16) {
-      const __m128i raw16 = _mm_load_si128(reinterpret_cast<const __m128i*>(values + k));
-      const __m512i v = _mm512_slli_epi32(
-          _mm512_sub_epi32(_mm512_cvtepi8_epi32(raw16), f.image_zero), kWeightBits);
-      _mm512_mask_storeu_ps(out + k, lane_mask(bytes - k),
-                            _mm512_mul_ps(_mm512_cvtepi32_ps(v), f.float_scale));
-    }
-  }
-}
-
 // One run of output pixels of batch element n: what the second pass needs besides the block.
 struct Run {
   const int8_t* plane;  // image data of batch element n
@@ -290,33 +242,502 @@ struct Run {
   int64_t output_c, output_x;
 };
 
-// The taps of one row of sixteen pixels, gathered from `base` at byte offsets `offsets`
-// clamped to `limit` (the last offset a 32-bit load may read without passing the image's end),
-// shifted so that byte 0 is the one at offsets + `shift` bytes (shift may be negative: then
-// bytes enter from below as zeros).
-ETKIT_AVX512 inline __m512i gather_row(const int8_t* base, __m512i offsets, __m512i shift_bits,
-                                       bool shifted, __m512i limit, bool clamp_end) {
-  if (!shifted && !clamp_end) {
-    return _mm512_i32gather_epi32(offsets, base, 1);
+// ---- pass 2, nearest: step 5 and the byte orders per target ----
+
+// 3 channels: the first three bytes of each 32-bit lane.
+constexpr std::array<uint8_t, 64> compress3_index() {
+  std::array<uint8_t, 64> index{};
+  for (int g = 0; g < 48; ++g) {
+    index[g] = static_cast<uint8_t>(4 * (g / 3) + g % 3);
   }
-  __m512i address = offsets;
-  __m512i bits = shift_bits;
-  if (clamp_end) {
-    address = _mm512_min_epi32(offsets, limit);
-    bits = _mm512_add_epi32(bits, _mm512_slli_epi32(_mm512_sub_epi32(offsets, address), 3));
-  }
-  const __m512i raw = _mm512_i32gather_epi32(address, base, 1);
-  // a negative shift is a left shift; shifts of 32 bits or more give 0
-  const __m512i right = _mm512_srlv_epi32(raw, _mm512_max_epi32(bits, _mm512_setzero_si512()));
-  return _mm512_sllv_epi32(right, _mm512_max_epi32(_mm512_sub_epi32(_mm512_setzero_si512(), bits),
-                                                   _mm512_setzero_si512()));
+  return index;
 }
 
-// v * stride for lanes v in [0, 2^15) (others: anything): one 16-bit multiply-add where the
-// stride is below 2^15 (`stride` then holds it in the lower 16 bits of each lane).
-ETKIT_AVX512 inline __m512i times_stride(__m512i v, __m512i stride, bool small) {
-  return small ? _mm512_madd_epi16(v, stride) : _mm512_mullo_epi32(v, stride);
+// ---- AVX2: eight pixels at a time; its forms of pass 1 and step 5 ----
+//
+// The same passes with 256-bit lanes. AVX2 has neither byte dot products nor 64-bit shifts,
+// compares or byte permutes across 128-bit halves, so:
+// - steps 1 to 3: the integer and float64 forms of quantized_x86.cpp for bilinear zeros and
+//   border, the nearest integer form with the arithmetic shift as a logical one of X + 2^62
+//   (X + 2^62 >= 0; 2^62 is a multiple of 2^S, so neither the quotient less 2^(62 - S) nor the
+//   low bits change), int8 tables, and the scalar steps elsewhere (reflection);
+// - step 4 from the lanes [q00, q01, q10, q11] in 16-bit multiply-adds: with the words
+//   [q00, q10], d = [q01 - q00, q11 - q10] = [a, a'] and b = a' - a, the value
+//   (q00 - zero) * 2^15 + a * wx + e * wy + b * h + (b * l + 2^14) >> 15 (quantized_x86.cpp's
+//   AVX2 step 4) is (q00 - zero) * 2^15 + madd([q00, q10], [-wy, wy]) + madd(d, [wx - h, h])
+//   + (madd(d, [-l, l]) + 2^14) >> 15, every factor within 16 bits;
+// - step 5 of nearest: the arithmetic of quantized_x86.cpp's requantize8 on each value
+//   (v * 2^15), not a table.
+
+struct AxisNearest256 {
+  __m256i multiplier, constant, below_shift, tie_limit, bias, unbias;
+  __m256i low, high;
+  __m128i shift;
+};
+
+ETKIT_AVX2 inline AxisNearest256 axis_nearest_registers_avx2(const AxisNearest& a) {
+  return {_mm256_set1_epi64x(a.multiplier),
+          _mm256_set1_epi64x(a.constant),
+          _mm256_set1_epi64x(static_cast<int64_t>((uint64_t(1) << a.shift) - 1)),
+          _mm256_set1_epi64x(a.tie_limit),
+          _mm256_set1_epi64x(int64_t(1) << 62),
+          _mm256_set1_epi64x(int64_t(1) << (62 - a.shift)),
+          _mm256_set1_epi32(a.low),
+          _mm256_set1_epi32(a.high),
+          _mm_cvtsi32_si128(a.shift)};
 }
+
+ETKIT_AVX2 inline __m256i nearest_index4(__m256i q, const AxisNearest256& a) {
+  const __m256i x = _mm256_add_epi64(_mm256_mul_epi32(q, a.multiplier), a.constant);
+  const __m256i up =
+      _mm256_sub_epi64(_mm256_srl_epi64(_mm256_add_epi64(x, a.bias), a.shift), a.unbias);
+  const __m256i tie = _mm256_cmpgt_epi64(a.tie_limit, _mm256_and_si256(x, a.below_shift));
+  return _mm256_sub_epi64(up, _mm256_and_si256(_mm256_and_si256(tie, up), _mm256_set1_epi64x(1)));
+}
+
+ETKIT_AVX2 inline __m256i nearest_tap_avx2(__m256i q, const AxisNearest256& a) {
+  const __m256i even = nearest_index4(q, a);
+  const __m256i odd = nearest_index4(_mm256_srli_epi64(q, 32), a);
+  const __m256i index = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+  return _mm256_min_epi32(_mm256_max_epi32(index, a.low), a.high);
+}
+
+ETKIT_AVX2 inline RequantRegisters requant_registers_avx2(const Setup& s) {
+  const NarrowRequant& narrow = s.narrow;
+  return {narrow.applies,
+          narrow.multiplier == 1,
+          _mm256_set1_epi32(narrow.multiplier),
+          _mm_cvtsi64_si128(narrow.shift),
+          _mm256_set1_epi32(static_cast<int32_t>((int64_t(1) << (narrow.shift - 1)) - 1)),
+          _mm256_set1_epi64x(s.wide_multiplier),
+          _mm_cvtsi64_si128(s.wide_shift),
+          _mm_cvtsi64_si128(s.wide_shift - 32),
+          _mm256_set1_epi64x((int64_t(1) << (s.wide_shift - 1)) - 1),
+          _mm256_set1_epi16(static_cast<int16_t>(s.output_zero_point)),
+          _mm256_set1_epi16(static_cast<int16_t>(s.output_min)),
+          _mm256_set1_epi16(static_cast<int16_t>(s.output_max))};
+}
+
+// Sixteen values (two vectors of eight: step 4's, with 15 fractional bits, less the image zero
+// point) to the output: `count` of them stored at `out`.
+template <typename OutT>
+ETKIT_AVX2 inline void store16_avx2(__m256i first, __m256i second, const RequantRegisters& r,
+                                    __m256 float_scale, OutT* out, int64_t count) {
+  if constexpr (std::is_same_v<OutT, int8_t>) {
+    // [first 0-3, second 0-3 | first 4-7, second 4-7] in 16-bit lanes -> bytes in order
+    __m256i words = finish16(requantize8(first, r), requantize8(second, r), r);
+    words = _mm256_permute4x64_epi64(words, 0xD8);
+    const __m256i bytes = _mm256_packs_epi16(words, words);
+    const __m128i ordered = _mm_unpacklo_epi64(_mm256_castsi256_si128(bytes),
+                                               _mm256_extracti128_si256(bytes, 1));
+    if (count >= 16) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), ordered);
+    } else {
+      alignas(16) int8_t staged[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(staged), ordered);
+      std::memcpy(out, staged, static_cast<size_t>(count));
+    }
+  } else {
+    const __m256 values[2] = {_mm256_mul_ps(_mm256_cvtepi32_ps(first), float_scale),
+                              _mm256_mul_ps(_mm256_cvtepi32_ps(second), float_scale)};
+    for (int k = 0; k < 2; ++k) {
+      const int64_t left = count - 8 * k;
+      if (left >= 8) {
+        _mm256_storeu_ps(out + 8 * k, values[k]);
+      } else if (left > 0) {
+        const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(left)),
+                                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(out + 8 * k, lanes, values[k]);
+      }
+    }
+  }
+}
+
+// Step 5 of nearest (Avx2::step5): the requantization in registers, and the set-up.
+struct Finish256 {
+  RequantRegisters requant;
+  const Setup* setup;
+};
+
+// Nearest: `bytes` raw image values in output order (at most 32, staged at `raw`) to the output,
+// by the arithmetic of requantize8 on each value (v * 2^15). (Called with the staged bytes, not
+// inlined: as a vector argument, or inlined, it measured 5-18% slower on the nearest passes.)
+template <typename OutT>
+ETKIT_AVX2 __attribute__((noinline)) void store_raw_avx2(const int8_t* raw, int64_t bytes,
+                                                         const Setup& s,
+                                                         const RequantRegisters& r, OutT* out) {
+  if (std::is_same_v<OutT, int8_t> && s.identity_table) {
+    std::memcpy(out, raw, static_cast<size_t>(bytes));
+    return;
+  }
+  const __m256i zero_point = _mm256_set1_epi32(s.image_zero_point);
+  const __m256 float_scale = _mm256_set1_ps(s.float_scale);
+  for (int64_t k = 0; k < bytes; k += 16) {
+    __m256i values[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_cvtepi8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(raw + k + 8 * h)));
+      values[h] = _mm256_slli_epi32(_mm256_sub_epi32(v, zero_point), kWeightBits);
+    }
+    store16_avx2(values[0], values[1], r, float_scale, out + k, std::min<int64_t>(16, bytes - k));
+  }
+}
+
+// AVX2's pack: per 128-bit half, the first k bytes of each 32-bit lane (shuffle indexes), then
+// the k words of each half joined (lane indexes).
+constexpr std::array<int8_t, 32> pick_bytes(int k) {
+  std::array<int8_t, 32> index{};
+  for (int half = 0; half < 2; ++half) {
+    for (int b = 0; b < 16; ++b) {
+      index[16 * half + b] = static_cast<int8_t>(b < 4 * k ? 4 * (b / k) + b % k : -1);
+    }
+  }
+  return index;
+}
+
+constexpr std::array<int32_t, 8> join_halves(int k) {
+  std::array<int32_t, 8> index{};
+  for (int w = 0; w < 8; ++w) {
+    index[w] = w < k ? w : (w < 2 * k ? 4 + w - k : 0);
+  }
+  return index;
+}
+
+// ---- the traits: pass 1 (quantized_x86_pass1.h) and the shared parts of pass 2
+// (quantized_x86_pass2.h) are written once over them ----
+
+// AVX-512: sixteen lanes; every coordinate form.
+struct Avx512 {
+  static constexpr int kLanes = 16;
+  using I = __m512i;
+  struct Float {  // AxisVector's registers and the grid zero point
+    AxisRegisters512 axis;
+    I zero;
+  };
+  struct Table {  // the axis' table and the bias of its index
+    const int32_t* table;
+    I bias;
+  };
+
+  ETKIT_AVX512 static I load(const int32_t* values) { return _mm512_load_si512(values); }
+  ETKIT_AVX512 static void store(int32_t* values, I v) { _mm512_store_si512(values, v); }
+
+  // The (x, y) pairs of sixteen grid points, each axis sign-extended to int32 lanes.
+  static constexpr bool kPairLoads = true;
+  template <typename GridT>
+  ETKIT_AVX512 static void load_pairs_xy(const GridT* grid, int64_t i, int64_t count, I* gx,
+                                         I* gy) {
+    if constexpr (std::is_same_v<GridT, int16_t>) {
+      const I xy = _mm512_maskz_loadu_epi32(lane_mask(count - i), grid + i * 2);
+      *gx = _mm512_srai_epi32(_mm512_slli_epi32(xy, 16), 16);
+      *gy = _mm512_srai_epi32(xy, 16);
+    } else {
+      const I xy =
+          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lane_mask(count - i), grid + i * 2));
+      *gx = _mm512_srai_epi32(_mm512_slli_epi32(xy, 24), 24);
+      *gy = _mm512_srai_epi32(_mm512_slli_epi32(xy, 16), 24);
+    }
+  }
+
+  template <typename GridT>
+  ETKIT_AVX512 static I load_pairs(const GridT* grid, int64_t i, int64_t count) {
+    return _mm512_maskz_loadu_epi32(lane_mask(count - i), grid + i * 2);
+  }
+
+  // A form's registers for axis 0 (x) or 1 (y).
+  template <Coordinates kForm>
+  ETKIT_AVX512 static auto registers(const Setup& s, int axis) {
+    if constexpr (kForm == Coordinates::kInteger) {
+      return axis_integer_registers(axis == 0 ? s.integer_x : s.integer_y);
+    } else if constexpr (kForm == Coordinates::kSplit) {
+      return axis_split_registers(axis == 0 ? s.split_x : s.split_y, axis);
+    } else if constexpr (kForm == Coordinates::kFloat) {
+      return Float{axis_registers_avx512(axis == 0 ? s.float_x : s.float_y),
+                   _mm512_set1_epi32(s.grid_zero_point)};
+    } else if constexpr (kForm == Coordinates::kExact) {
+      return axis_exact_registers(axis == 0 ? s.exact_x : s.exact_y);
+    } else if constexpr (kForm == Coordinates::kNearest) {
+      return axis_nearest_registers(axis == 0 ? s.nearest_x : s.nearest_y);
+    } else if constexpr (kForm == Coordinates::kTable) {
+      return Table{axis == 0 ? s.table_x : s.table_y, _mm512_set1_epi32(128)};
+    } else {
+      return 0;  // the scalar steps
+    }
+  }
+
+  // The form's Q (bilinear) or nearest index of sixteen grid values (kSplit: (x, y) pairs).
+  template <Coordinates kForm, bool kNearest, typename Registers>
+  ETKIT_AVX512 static I tap(I g, const Registers& r) {
+    if constexpr (kForm == Coordinates::kInteger) {
+      return integer_tap(g, r);
+    } else if constexpr (kForm == Coordinates::kSplit) {
+      return split_tap(g, r);
+    } else if constexpr (kForm == Coordinates::kFloat) {
+      return vector_tap_avx512(_mm512_sub_epi32(g, r.zero), r.axis);
+    } else if constexpr (kForm == Coordinates::kExact) {
+      return exact_tap<kNearest>(g, r);
+    } else if constexpr (kForm == Coordinates::kNearest) {
+      return nearest_tap(g, r);
+    } else {
+      return _mm512_i32gather_epi32(_mm512_add_epi32(g, r.bias), r.table, 4);
+    }
+  }
+
+  template <typename GridT, typename Body>
+  static void with_form(Coordinates form, bool nearest, const Body& body) {
+    using C = Coordinates;
+    core::with_form<GridT, C::kTable, C::kSplit, C::kInteger, C::kFloat, C::kNearest, C::kExact,
+                    C::kScalar>(form, nearest, body);
+  }
+
+  // ---- pass 2 (quantized_x86_pass2.h): lane masks are mask registers ----
+  using M = __mmask16;
+
+  ETKIT_AVX512 static I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  ETKIT_AVX512 static I set1_bytes(int8_t v) { return _mm512_set1_epi8(v); }
+  ETKIT_AVX512 static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  ETKIT_AVX512 static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  ETKIT_AVX512 static I min(I a, I b) { return _mm512_min_epi32(a, b); }
+  ETKIT_AVX512 static I max(I a, I b) { return _mm512_max_epi32(a, b); }
+  ETKIT_AVX512 static I bit_and(I a, I b) { return _mm512_and_si512(a, b); }
+  template <int kBits>
+  ETKIT_AVX512 static I slli(I a) { return _mm512_slli_epi32(a, kBits); }
+  template <int kBits>
+  ETKIT_AVX512 static I srai(I a) { return _mm512_srai_epi32(a, kBits); }
+  ETKIT_AVX512 static I srlv(I a, I bits) { return _mm512_srlv_epi32(a, bits); }
+  ETKIT_AVX512 static I sllv(I a, I bits) { return _mm512_sllv_epi32(a, bits); }
+  // v * stride for lanes v in [0, 2^15) (others: anything): one 16-bit multiply-add where the
+  // stride is below 2^15 (`stride` then holds it in the lower 16 bits of each lane).
+  ETKIT_AVX512 static I times_stride(I v, I stride, bool small) {
+    return small ? _mm512_madd_epi16(v, stride) : _mm512_mullo_epi32(v, stride);
+  }
+
+  ETKIT_AVX512 static M lanes(int64_t left) { return lane_mask(left); }
+  ETKIT_AVX512 static M at_most(I v, I last) { return _mm512_cmple_epu32_mask(v, last); }
+  ETKIT_AVX512 static M both(M a, M b) { return static_cast<M>(a & b); }
+  ETKIT_AVX512 static bool all(M m) { return m == 0xFFFF; }
+  ETKIT_AVX512 static int bits(M m) { return m; }
+  ETKIT_AVX512 static bool any(I v) { return _mm512_test_epi32_mask(v, v) != 0; }
+  ETKIT_AVX512 static I zero_unless(M m, I v) { return _mm512_maskz_mov_epi32(m, v); }
+  // a + b where m, else 0
+  ETKIT_AVX512 static I add_where(M m, I a, I b) { return _mm512_maskz_add_epi32(m, a, b); }
+  // (m0 ? b0 : 0) | (m1 ? b1 : 0) per lane
+  ETKIT_AVX512 static I bytes_where(M m0, int32_t b0, M m1, int32_t b1) {
+    const I first = _mm512_maskz_mov_epi32(m0, _mm512_set1_epi32(b0));
+    return _mm512_mask_or_epi32(first, m1, first, _mm512_set1_epi32(b1));
+  }
+
+  ETKIT_AVX512 static I gather32(I offsets, const int8_t* base) {
+    return _mm512_i32gather_epi32(offsets, base, 1);
+  }
+  ETKIT_AVX512 static I gather32(I src, M m, I offsets, const int8_t* base) {
+    return _mm512_mask_i32gather_epi32(src, m, offsets, base, 1);
+  }
+  // The 64-bit words at the offsets of lanes 0-7 (kHalf 0) or 8-15 (1).
+  template <int kHalf>
+  ETKIT_AVX512 static I gather64(I src, M m, I offsets, const int8_t* base) {
+    const __m256i at =
+        kHalf == 0 ? _mm512_castsi512_si256(offsets) : _mm512_extracti64x4_epi64(offsets, 1);
+    return _mm512_mask_i32gather_epi64(src, static_cast<__mmask8>(m >> (8 * kHalf)), at,
+                                       reinterpret_cast<const long long*>(base), 1);
+  }
+  // The first kBytes bytes of each 32-bit lane, in order from byte 0.
+  template <int kBytes>
+  ETKIT_AVX512 static I pack(I raw) {
+    if constexpr (kBytes == 1) {
+      return _mm512_castsi128_si512(_mm512_cvtepi32_epi8(raw));
+    } else if constexpr (kBytes == 2) {
+      return _mm512_castsi256_si512(_mm512_cvtepi32_epi16(raw));
+    } else {
+      static constexpr std::array<uint8_t, 64> kCompress3 = compress3_index();
+      return _mm512_permutexvar_epi8(_mm512_loadu_si512(kCompress3.data()), raw);
+    }
+  }
+  ETKIT_AVX512 static __m128i low128(I v) { return _mm512_castsi512_si128(v); }
+  ETKIT_AVX512 static I from128(__m128i v) { return _mm512_castsi128_si512(v); }
+
+  ETKIT_AVX512 __attribute__((always_inline)) static Finish step5(const Setup& s) {
+    return finish_registers(s);
+  }
+  // Nearest: `bytes` raw image values in output order (at most 64, in `raw`) to the output.
+  template <typename OutT>
+  ETKIT_AVX512 static void store_raw(I raw, const Finish& f, OutT* out, int64_t bytes) {
+    if constexpr (std::is_same_v<OutT, int8_t>) {
+      _mm512_mask_storeu_epi8(out, byte_mask(bytes), table_lookup(raw, f));
+    } else {
+      // value = (q - zero) * 2^15, exact in float32; one product, as to_output<float>
+      alignas(64) int8_t values[64];
+      _mm512_store_si512(values, raw);
+      for (int64_t k = 0; k < bytes; k += 16) {
+        const __m128i raw16 = _mm_load_si128(reinterpret_cast<const __m128i*>(values + k));
+        const __m512i v = _mm512_slli_epi32(
+            _mm512_sub_epi32(_mm512_cvtepi8_epi32(raw16), f.image_zero), kWeightBits);
+        _mm512_mask_storeu_ps(out + k, lane_mask(bytes - k),
+                              _mm512_mul_ps(_mm512_cvtepi32_ps(v), f.float_scale));
+      }
+    }
+  }
+};
+
+// AVX2: eight lanes; no split form (its 16-bit multiply-adds are AVX-512's here: the integer one
+// instead) and no exact one (it needs 64-bit lane operations AVX2 lacks: the scalar steps).
+struct Avx2 {
+  static constexpr int kLanes = 8;
+  using I = __m256i;
+  struct Float {
+    AxisRegisters axis;
+    I zero;
+  };
+  struct Table {
+    const int32_t* table;
+    I bias;
+  };
+
+  ETKIT_AVX2 static I load(const int32_t* values) {
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
+  }
+  ETKIT_AVX2 static void store(int32_t* values, I v) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(values), v);
+  }
+
+  static constexpr bool kPairLoads = false;  // (the grid values are staged)
+  template <typename GridT>
+  static void load_pairs_xy(const GridT*, int64_t, int64_t, I*, I*);
+  template <typename GridT>
+  static I load_pairs(const GridT*, int64_t, int64_t);  // (no split form)
+
+  template <Coordinates kForm>
+  ETKIT_AVX2 static auto registers(const Setup& s, int axis) {
+    if constexpr (kForm == Coordinates::kInteger) {
+      return axis_integer_registers_avx2(axis == 0 ? s.integer_x : s.integer_y);
+    } else if constexpr (kForm == Coordinates::kFloat) {
+      return Float{axis_registers(axis == 0 ? s.float_x : s.float_y),
+                   _mm256_set1_epi32(s.grid_zero_point)};
+    } else if constexpr (kForm == Coordinates::kNearest) {
+      return axis_nearest_registers_avx2(axis == 0 ? s.nearest_x : s.nearest_y);
+    } else if constexpr (kForm == Coordinates::kTable) {
+      return Table{axis == 0 ? s.table_x : s.table_y, _mm256_set1_epi32(128)};
+    } else {
+      return 0;  // the scalar steps
+    }
+  }
+
+  template <Coordinates kForm, bool kNearest, typename Registers>
+  ETKIT_AVX2 static I tap(I g, const Registers& r) {
+    if constexpr (kForm == Coordinates::kInteger) {
+      return integer_tap_avx2(g, r);
+    } else if constexpr (kForm == Coordinates::kFloat) {
+      return vector_tap(_mm256_sub_epi32(g, r.zero), r.axis);
+    } else if constexpr (kForm == Coordinates::kNearest) {
+      return nearest_tap_avx2(g, r);
+    } else {
+      return _mm256_i32gather_epi32(r.table, _mm256_add_epi32(g, r.bias), 4);
+    }
+  }
+
+  template <typename GridT, typename Body>
+  static void with_form(Coordinates form, bool nearest, const Body& body) {
+    using C = Coordinates;
+    const C own = form == C::kSplit ? C::kInteger : (form == C::kExact ? C::kScalar : form);
+    core::with_form<GridT, C::kTable, C::kInteger, C::kFloat, C::kNearest, C::kScalar>(
+        own, nearest, body);
+  }
+
+  // ---- pass 2 (quantized_x86_pass2.h): lane masks are lanes of all ones ----
+  using M = __m256i;
+
+  ETKIT_AVX2 static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  ETKIT_AVX2 static I set1_bytes(int8_t v) { return _mm256_set1_epi8(v); }
+  ETKIT_AVX2 static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  ETKIT_AVX2 static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  ETKIT_AVX2 static I min(I a, I b) { return _mm256_min_epi32(a, b); }
+  ETKIT_AVX2 static I max(I a, I b) { return _mm256_max_epi32(a, b); }
+  ETKIT_AVX2 static I bit_and(I a, I b) { return _mm256_and_si256(a, b); }
+  template <int kBits>
+  ETKIT_AVX2 static I slli(I a) { return _mm256_slli_epi32(a, kBits); }
+  template <int kBits>
+  ETKIT_AVX2 static I srai(I a) { return _mm256_srai_epi32(a, kBits); }
+  ETKIT_AVX2 static I srlv(I a, I bits) { return _mm256_srlv_epi32(a, bits); }
+  ETKIT_AVX2 static I sllv(I a, I bits) { return _mm256_sllv_epi32(a, bits); }
+  // as Avx512::times_stride
+  ETKIT_AVX2 static I times_stride(I v, I stride, bool small) {
+    return small ? _mm256_madd_epi16(v, stride) : _mm256_mullo_epi32(v, stride);
+  }
+
+  ETKIT_AVX2 static M lanes(int64_t left) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(std::min<int64_t>(left, 8))),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  ETKIT_AVX2 static M at_most(I v, I last) {  // 0 <= v <= last
+    return _mm256_cmpeq_epi32(_mm256_min_epu32(v, last), v);
+  }
+  ETKIT_AVX2 static M both(M a, M b) { return _mm256_and_si256(a, b); }
+  ETKIT_AVX2 static bool all(M m) { return _mm256_movemask_ps(_mm256_castsi256_ps(m)) == 0xFF; }
+  ETKIT_AVX2 static int bits(M m) { return _mm256_movemask_ps(_mm256_castsi256_ps(m)); }
+  ETKIT_AVX2 static bool any(I v) { return !_mm256_testz_si256(v, v); }
+  ETKIT_AVX2 static I zero_unless(M m, I v) { return _mm256_and_si256(m, v); }
+  // a + b where m, else 0 (a is 0 where m is not)
+  ETKIT_AVX2 static I add_where(M m, I a, I b) {
+    return _mm256_add_epi32(a, _mm256_and_si256(m, b));
+  }
+  ETKIT_AVX2 static I bytes_where(M m0, int32_t b0, M m1, int32_t b1) {
+    return _mm256_or_si256(_mm256_and_si256(m0, _mm256_set1_epi32(b0)),
+                           _mm256_and_si256(m1, _mm256_set1_epi32(b1)));
+  }
+
+  ETKIT_AVX2 static I gather32(I offsets, const int8_t* base) {
+    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(base), offsets, 1);
+  }
+  ETKIT_AVX2 static I gather32(I src, M m, I offsets, const int8_t* base) {
+    return _mm256_mask_i32gather_epi32(src, reinterpret_cast<const int*>(base), offsets, m, 1);
+  }
+  template <int kHalf>
+  ETKIT_AVX2 static I gather64(I src, M m, I offsets, const int8_t* base) {
+    const __m128i at =
+        kHalf == 0 ? _mm256_castsi256_si128(offsets) : _mm256_extracti128_si256(offsets, 1);
+    const __m256i mask = _mm256_cvtepi32_epi64(kHalf == 0 ? _mm256_castsi256_si128(m)
+                                                          : _mm256_extracti128_si256(m, 1));
+    return _mm256_mask_i32gather_epi64(src, reinterpret_cast<const long long*>(base), at, mask,
+                                       1);
+  }
+  // Byte shuffles stay within 128-bit halves: each half's bytes, then the halves joined.
+  template <int kBytes>
+  ETKIT_AVX2 static I pack(I raw) {
+    static constexpr std::array<int8_t, 32> kPick = pick_bytes(kBytes);
+    static constexpr std::array<int32_t, 8> kJoin = join_halves(kBytes);
+    const I pick = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kPick.data()));
+    const I join = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kJoin.data()));
+    return _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(raw, pick), join);
+  }
+  ETKIT_AVX2 static __m128i low128(I v) { return _mm256_castsi256_si128(v); }
+  ETKIT_AVX2 static I from128(__m128i v) { return _mm256_castsi128_si256(v); }
+
+  ETKIT_AVX2 __attribute__((always_inline)) static Finish256 step5(const Setup& s) {
+    return {requant_registers_avx2(s), &s};
+  }
+  template <typename OutT>
+  ETKIT_AVX2 static void store_raw(I raw, const Finish256& f, OutT* out, int64_t bytes) {
+    alignas(32) int8_t staged[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(staged), raw);
+    store_raw_avx2(staged, bytes, *f.setup, f.requant, out);
+  }
+};
+
+namespace avx512 {
+using V = Avx512;
+#define ETKIT_X86_TARGET ETKIT_AVX512
+#include "quantized_x86_pass1.h"
+#include "quantized_x86_pass2.h"
+#undef ETKIT_X86_TARGET
+}  // namespace avx512
+
+namespace avx2 {
+using V = Avx2;
+#define ETKIT_X86_TARGET ETKIT_AVX2
+#include "quantized_x86_pass1.h"
+#include "quantized_x86_pass2.h"
+#undef ETKIT_X86_TARGET
+}  // namespace avx2
 
 // ---- pass 2, bilinear, planar images and 2 channels: every pixel on the vector path ----
 
@@ -331,7 +752,6 @@ constexpr std::array<uint8_t, 64> quad_index(int a, int b) {
   }
   return index;
 }
-
 
 // kBytes = 1 (planar: per channel plane) or 2 (two channels-last): the bytes of one tap.
 template <int kBytes, typename OutT>
@@ -348,69 +768,18 @@ ETKIT_AVX512 __attribute__((noinline)) void bilinear_masked_block(const Coords& 
   const __m512i quad0 = _mm512_loadu_si512(kQuad0.data());
   const __m512i quad1 = _mm512_loadu_si512(kQuad1.data());
   const __m512i weight_mask = _mm512_set1_epi32(0x7fff);
-  const __m512i last_x = _mm512_set1_epi32(s.width - 1), last_y = _mm512_set1_epi32(s.height - 1);
-  const __m512i last_x0 = _mm512_set1_epi32(s.width - 2);
-  const __m512i zero = _mm512_setzero_si512(), one = _mm512_set1_epi32(1);
-  const bool small_stride = s.stride_y < (1 << 15);
-  const __m512i stride_y = _mm512_set1_epi32(static_cast<int32_t>(s.stride_y));
-  // which bytes of a lane [q00, q01, q10, q11] are inside, per tap column and row
-  const __m512i x0_bytes = _mm512_set1_epi32(0x00FF00FF), x1_bytes = _mm512_set1_epi32(0xFF00FF00);
-  const __m512i y0_bytes = _mm512_set1_epi32(0x0000FFFF), y1_bytes = _mm512_set1_epi32(0xFFFF0000);
   const __m512i zero_bytes = _mm512_set1_epi8(static_cast<char>(s.image_zero_point));
   const int channels = kBytes == 1 ? s.channels : 1;
   // A plane may end less than 4 bytes after a row's last tap (the image's last): its gathers
   // clamp their addresses (gather_row).
   const int64_t row_reach = (s.height - 1) * s.stride_y + (s.width - 2) * kBytes + 4;
+  const avx512::PlanarBounds bounds = avx512::planar_bounds(s);
   for (int64_t i = 0; i < count; i += 16) {
     const __mmask16 lanes = lane_mask(count - i);
     const __m512i qx = _mm512_load_si512(c.x + i), qy = _mm512_load_si512(c.y + i);
-    const __m512i x0 = _mm512_srai_epi32(qx, kWeightBits), y0 = _mm512_srai_epi32(qy, kWeightBits);
     const Weights w = pixel_weights<true>(_mm512_and_si512(qx, weight_mask),
                                           _mm512_and_si512(qy, weight_mask));
-    // The taps inside the image; the others read the image zero point (v = 0).
-    const __mmask16 in_x0 = _mm512_cmple_epu32_mask(x0, last_x);
-    const __mmask16 in_x1 = _mm512_cmple_epu32_mask(_mm512_add_epi32(x0, one), last_x);
-    const __mmask16 in_y0 = _mm512_cmple_epu32_mask(y0, last_y);
-    const __mmask16 in_y1 = _mm512_cmple_epu32_mask(_mm512_add_epi32(y0, one), last_y);
-    const bool all_inside = static_cast<__mmask16>(in_x0 & in_x1 & in_y0 & in_y1) == 0xFFFF;
-    __m512i inside = zero;
-    if (!all_inside) {
-      const __m512i x_bytes = _mm512_mask_or_epi32(_mm512_maskz_mov_epi32(in_x0, x0_bytes), in_x1,
-                                                   _mm512_maskz_mov_epi32(in_x0, x0_bytes),
-                                                   x1_bytes);
-      const __m512i y_bytes = _mm512_mask_or_epi32(_mm512_maskz_mov_epi32(in_y0, y0_bytes), in_y1,
-                                                   _mm512_maskz_mov_epi32(in_y0, y0_bytes),
-                                                   y1_bytes);
-      inside = _mm512_and_si512(x_bytes, y_bytes);
-    }
-    __m512i upper, lower, shift_bits;
-    if (all_inside) {
-      // 0 <= x0 <= width - 2 and 0 <= y0 <= height - 2: rows y0 and y0 + 1 from column x0
-      upper = _mm512_add_epi32(times_stride(y0, stride_y, small_stride),
-                               kBytes == 1 ? x0 : _mm512_slli_epi32(x0, 1));
-      lower = _mm512_add_epi32(upper, stride_y);
-      shift_bits = zero;
-    } else {
-      // Each row is read from column xa = clamp(x0, 0, width - 2) and shifted by x0 - xa taps;
-      // a row outside the image is read from the nearest row inside (and masked).
-      const __m512i xa = _mm512_min_epi32(_mm512_max_epi32(x0, zero), last_x0);
-      const __m512i row0 = times_stride(_mm512_min_epi32(_mm512_max_epi32(y0, zero), last_y),
-                                        stride_y, small_stride);
-      const __m512i row1 = times_stride(
-          _mm512_min_epi32(_mm512_max_epi32(_mm512_add_epi32(y0, one), zero), last_y), stride_y,
-          small_stride);
-      const __m512i column = kBytes == 1 ? xa : _mm512_slli_epi32(xa, 1);
-      upper = _mm512_add_epi32(row0, column);
-      lower = _mm512_add_epi32(row1, column);
-      shift_bits = _mm512_slli_epi32(_mm512_sub_epi32(x0, xa), kBytes == 1 ? 3 : 4);
-    }
-    if (c.batched) {
-      const __m512i plane = _mm512_load_si512(c.plane + i);
-      upper = _mm512_add_epi32(upper, plane);
-      lower = _mm512_add_epi32(lower, plane);
-    }
-    const bool shifted = !all_inside &&
-                         _mm512_test_epi32_mask(shift_bits, shift_bits) != 0;
+    const avx512::PlanarTaps t = avx512::planar_taps<kBytes>(c, i, bounds);
     // Where the sixteen pixels' taps of each row lie within 64 bytes (a smooth warp: neighbours
     // sample neighbours), two 64-byte loads and a byte permute replace the two gathers: lane
     // [q00, q01, q10, q11] takes bytes du, du + kBytes of the upper row's load and dl,
@@ -420,11 +789,11 @@ ETKIT_AVX512 __attribute__((noinline)) void bilinear_masked_block(const Coords& 
     int32_t span_upper = 0, span_lower = 0;
     __m512i span_index[2];
     bool span = false;
-    if (channels > 1 && !shifted) {
-      span_upper = _mm_cvtsi128_si32(_mm512_castsi512_si128(upper));
-      span_lower = _mm_cvtsi128_si32(_mm512_castsi512_si128(lower));
-      const __m512i du = _mm512_sub_epi32(upper, _mm512_set1_epi32(span_upper));
-      const __m512i dl = _mm512_sub_epi32(lower, _mm512_set1_epi32(span_lower));
+    if (channels > 1 && !t.shifted) {
+      span_upper = _mm_cvtsi128_si32(_mm512_castsi512_si128(t.upper));
+      span_lower = _mm_cvtsi128_si32(_mm512_castsi512_si128(t.lower));
+      const __m512i du = _mm512_sub_epi32(t.upper, _mm512_set1_epi32(span_upper));
+      const __m512i dl = _mm512_sub_epi32(t.lower, _mm512_set1_epi32(span_lower));
       const __m512i reach = _mm512_set1_epi32(64 - 2 * kBytes);
       span = static_cast<__mmask16>(~lanes | (_mm512_cmple_epu32_mask(du, reach) &
                                               _mm512_cmple_epu32_mask(dl, reach))) == 0xFFFF;
@@ -451,15 +820,15 @@ ETKIT_AVX512 __attribute__((noinline)) void bilinear_masked_block(const Coords& 
         const bool clamp_end = plane_offset + c.plane_max + row_reach > s.extent;
         const __m512i limit = _mm512_set1_epi32(
             static_cast<int32_t>(std::min<int64_t>(s.extent - plane_offset - 4, INT32_MAX)));
-        up = gather_row(plane, upper, shift_bits, shifted, limit, clamp_end);
-        down = gather_row(plane, lower, shift_bits, shifted, limit, clamp_end);
+        up = avx512::gather_row(plane, t.upper, t.shift_bits, t.shifted, limit, clamp_end);
+        down = avx512::gather_row(plane, t.lower, t.shift_bits, t.shifted, limit, clamp_end);
       }
       __m512i values[2];
       for (int k = 0; k < kBytes; ++k) {
         __m512i q = span ? _mm512_permutex2var_epi8(up, span_index[k], down)
                          : _mm512_permutex2var_epi8(up, k == 0 ? quad0 : quad1, down);
-        if (!all_inside) {
-          q = _mm512_ternarylogic_epi32(inside, q, zero_bytes, 0xCA);  // inside ? q : zero
+        if (!t.all_inside) {
+          q = _mm512_ternarylogic_epi32(t.inside, q, zero_bytes, 0xCA);  // inside ? q : zero
         }
         values[k] = blend(q, w, f.init);
       }
@@ -518,8 +887,8 @@ ETKIT_AVX512 inline EdgeTaps edge_taps(const Coords& c, int64_t i, __mmask16 lan
   const __m512i wy = _mm512_sub_epi32(qy, _mm512_slli_epi32(y0, kWeightBits));
   const bool small = s.stride_y < (1 << 15) && s.stride_x < (1 << 15);
   const __m512i offsets = _mm512_add_epi32(
-      times_stride(y0, _mm512_set1_epi32(static_cast<int32_t>(s.stride_y)), small),
-      times_stride(x0, _mm512_set1_epi32(static_cast<int32_t>(s.stride_x)), small));
+      Avx512::times_stride(y0, _mm512_set1_epi32(static_cast<int32_t>(s.stride_y)), small),
+      Avx512::times_stride(x0, _mm512_set1_epi32(static_cast<int32_t>(s.stride_x)), small));
   __mmask16 inside =
       lanes &
       _mm512_cmple_epu32_mask(qx, _mm512_set1_epi32((s.width - 1) << kWeightBits)) &
@@ -751,442 +1120,29 @@ ETKIT_AVX512 __attribute__((noinline)) void bilinear_wide_block(const Coords& c,
   }
 }
 
-// ---- pass 2, nearest ----
+// ---- pass 2, AVX2: bilinear (step 4 in 16-bit multiply-adds) ----
 
-// 3 channels: the first three bytes of each 32-bit lane.
-constexpr std::array<uint8_t, 64> compress3_index() {
-  std::array<uint8_t, 64> index{};
-  for (int g = 0; g < 48; ++g) {
-    index[g] = static_cast<uint8_t>(4 * (g / 3) + g % 3);
-  }
-  return index;
-}
-
-template <Kind kKind, typename OutT>
-ETKIT_AVX512 __attribute__((noinline)) void nearest_block(const Coords& c, int64_t count,
-                                                          const Setup& s, const Run& r,
-                                                          int64_t first) {
-  const Finish f = finish_registers(s);
-  static constexpr std::array<uint8_t, 64> kCompress3 = compress3_index();
-  const __m512i last_x = _mm512_set1_epi32(s.width - 1), last_y = _mm512_set1_epi32(s.height - 1);
-  const __m512i stride_y = _mm512_set1_epi32(static_cast<int32_t>(s.stride_y));
-  const __m512i stride_x = _mm512_set1_epi32(static_cast<int32_t>(s.stride_x));
-  const bool small = s.stride_y < (1 << 15) && s.stride_x < (1 << 15);
-  const __m512i zero_raw = _mm512_set1_epi8(static_cast<char>(s.image_zero_point));
-  const int64_t channels = s.channels;
-  // 32-bit gathers read up to 3 bytes past a pixel: near the image's end their addresses clamp
-  const int64_t reach = (s.height - 1) * s.stride_y + (s.width - 1) * s.stride_x + 4;
-  for (int64_t i = 0; i < count; i += 16) {
-    const __mmask16 lanes = lane_mask(count - i);
-    const int64_t n = std::min<int64_t>(16, count - i);
-    const __m512i nx = _mm512_load_si512(c.x + i), ny = _mm512_load_si512(c.y + i);
-    const __mmask16 valid =
-        lanes & _mm512_cmple_epu32_mask(nx, last_x) & _mm512_cmple_epu32_mask(ny, last_y);
-    __m512i offsets = _mm512_maskz_mov_epi32(
-        valid,
-        _mm512_add_epi32(times_stride(ny, stride_y, small), times_stride(nx, stride_x, small)));
-    if (c.batched) {
-      offsets = _mm512_maskz_add_epi32(valid, offsets, _mm512_load_si512(c.plane + i));
-    }
-    OutT* const out = static_cast<OutT*>(r.out);
-    const auto gather32 = [&](const int8_t* plane, int64_t plane_offset) ETKIT_AVX512 {
-      if (plane_offset + c.plane_max + reach <= s.extent) {
-        return _mm512_mask_i32gather_epi32(zero_raw, valid, offsets, plane, 1);
-      }
-      const __m512i limit = _mm512_set1_epi32(static_cast<int32_t>(s.extent - plane_offset - 4));
-      const __m512i address = _mm512_min_epi32(offsets, limit);
-      const __m512i raw = _mm512_mask_i32gather_epi32(zero_raw, valid, address, plane, 1);
-      return _mm512_srlv_epi32(raw, _mm512_slli_epi32(_mm512_sub_epi32(offsets, address), 3));
-    };
-    if constexpr (kKind == Kind::kNearPlanar) {
-      for (int64_t ch = 0; ch < channels; ++ch) {
-        const __m512i raw = gather32(r.plane + ch * s.stride_c, r.plane_offset + ch * s.stride_c);
-        store_raw(_mm512_castsi128_si512(_mm512_cvtepi32_epi8(raw)), f,
-                  out + first + i + ch * r.output_c, n);
-      }
-    } else if constexpr (kKind == Kind::kNear2) {
-      const __m512i raw = gather32(r.plane, r.plane_offset);
-      store_raw(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(raw)), f, out + (first + i) * 2,
-                2 * n);
-    } else if constexpr (kKind == Kind::kNear3) {
-      const __m512i raw = gather32(r.plane, r.plane_offset);
-      store_raw(_mm512_permutexvar_epi8(_mm512_loadu_si512(kCompress3.data()), raw), f,
-                out + (first + i) * 3, 3 * n);
-    } else if constexpr (kKind == Kind::kNear4) {
-      const __m512i raw = _mm512_mask_i32gather_epi32(zero_raw, valid, offsets, r.plane, 1);
-      store_raw(raw, f, out + (first + i) * 4, 4 * n);
-    } else if constexpr (kKind == Kind::kNear8) {
-      const long long* const base = reinterpret_cast<const long long*>(r.plane);
-      const __m512i raw0 = _mm512_mask_i32gather_epi64(zero_raw, static_cast<__mmask8>(valid),
-                                                       _mm512_castsi512_si256(offsets), base, 1);
-      store_raw(raw0, f, out + (first + i) * 8, 8 * std::min<int64_t>(n, 8));
-      if (n > 8) {
-        const __m512i raw1 = _mm512_mask_i32gather_epi64(
-            zero_raw, static_cast<__mmask8>(valid >> 8), _mm512_extracti64x4_epi64(offsets, 1),
-            base, 1);
-        store_raw(raw1, f, out + (first + i + 8) * 8, 8 * (n - 8));
-      }
-    } else {
-      alignas(64) int32_t at[16];
-      _mm512_store_si512(at, offsets);
-      for (int64_t j = 0; j < n; ++j) {
-        const bool inside = (valid >> j) & 1;
-        for (int64_t h = 0; h < channels; h += 16) {
-          const __m128i raw =
-              inside ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.plane + at[j] + h))
-                     : _mm512_castsi512_si128(zero_raw);
-          store_raw(_mm512_castsi128_si512(raw), f, out + (first + i + j) * channels + h, 16);
-        }
-      }
-    }
-  }
-}
-
-
-// ---- AVX2: planar bilinear and nearest, eight pixels at a time ----
-//
-// The same passes with 256-bit lanes. AVX2 has neither byte dot products nor 64-bit shifts,
-// compares or byte permutes across 128-bit halves, so:
-// - steps 1 to 3: the integer and float64 forms of quantized_x86.cpp for bilinear zeros and
-//   border, the nearest integer form with the arithmetic shift as a logical one of X + 2^62
-//   (X + 2^62 >= 0; 2^62 is a multiple of 2^S, so neither the quotient less 2^(62 - S) nor the
-//   low bits change), int8 tables, and the scalar steps elsewhere (reflection);
-// - step 4 from the lanes [q00, q01, q10, q11] in 16-bit multiply-adds: with the words
-//   [q00, q10], d = [q01 - q00, q11 - q10] = [a, a'] and b = a' - a, the value
-//   (q00 - zero) * 2^15 + a * wx + e * wy + b * h + (b * l + 2^14) >> 15 (quantized_x86.cpp's
-//   AVX2 step 4) is (q00 - zero) * 2^15 + madd([q00, q10], [-wy, wy]) + madd(d, [wx - h, h])
-//   + (madd(d, [-l, l]) + 2^14) >> 15, every factor within 16 bits;
-// - step 5 of nearest: the arithmetic of quantized_x86.cpp's requantize8 on each value
-//   (v * 2^15), not a table.
-
-struct AxisNearest256 {
-  __m256i multiplier, constant, below_shift, tie_limit, bias, unbias;
-  __m256i low, high;
-  __m128i shift;
+// Step 4's weights of eight pixels in the 16-bit multiply-adds' form (see above):
+// w1 = [-wy, wy], w2 = [wx - h, h], w3 = [-l, l].
+struct Weights256 {
+  __m256i w1, w2, w3;
 };
 
-ETKIT_AVX2 inline AxisNearest256 axis_nearest_registers_avx2(const AxisNearest& a) {
-  return {_mm256_set1_epi64x(a.multiplier),
-          _mm256_set1_epi64x(a.constant),
-          _mm256_set1_epi64x(static_cast<int64_t>((uint64_t(1) << a.shift) - 1)),
-          _mm256_set1_epi64x(a.tie_limit),
-          _mm256_set1_epi64x(int64_t(1) << 62),
-          _mm256_set1_epi64x(int64_t(1) << (62 - a.shift)),
-          _mm256_set1_epi32(a.low),
-          _mm256_set1_epi32(a.high),
-          _mm_cvtsi32_si128(a.shift)};
-}
-
-ETKIT_AVX2 inline __m256i nearest_index4(__m256i q, const AxisNearest256& a) {
-  const __m256i x = _mm256_add_epi64(_mm256_mul_epi32(q, a.multiplier), a.constant);
-  const __m256i up =
-      _mm256_sub_epi64(_mm256_srl_epi64(_mm256_add_epi64(x, a.bias), a.shift), a.unbias);
-  const __m256i tie = _mm256_cmpgt_epi64(a.tie_limit, _mm256_and_si256(x, a.below_shift));
-  return _mm256_sub_epi64(up, _mm256_and_si256(_mm256_and_si256(tie, up), _mm256_set1_epi64x(1)));
-}
-
-ETKIT_AVX2 inline __m256i nearest_tap_avx2(__m256i q, const AxisNearest256& a) {
-  const __m256i even = nearest_index4(q, a);
-  const __m256i odd = nearest_index4(_mm256_srli_epi64(q, 32), a);
-  const __m256i index = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
-  return _mm256_min_epi32(_mm256_max_epi32(index, a.low), a.high);
-}
-
-// ---- pass 1, written once for both targets (quantized_x86_pass1.h) over their traits ----
-
-// AVX-512: sixteen lanes; every coordinate form.
-struct Avx512 {
-  static constexpr int kLanes = 16;
-  using I = __m512i;
-  struct Float {  // AxisVector's registers and the grid zero point
-    AxisRegisters512 axis;
-    I zero;
-  };
-  struct Table {  // the axis' table and the bias of its index
-    const int32_t* table;
-    I bias;
-  };
-
-  ETKIT_AVX512 static I load(const int32_t* values) { return _mm512_load_si512(values); }
-  ETKIT_AVX512 static void store(int32_t* values, I v) { _mm512_store_si512(values, v); }
-
-  template <typename GridT>
-  ETKIT_AVX512 static void load_grid(const GridT* grid, int64_t grid_x, int64_t grid_axis,
-                                     bool pairs, int64_t i, int64_t count, I* gx, I* gy) {
-    load_grid16(grid, grid_x, grid_axis, pairs, i, count, gx, gy);
-  }
-
-  template <typename GridT>
-  ETKIT_AVX512 static I load_pairs(const GridT* grid, int64_t i, int64_t count) {
-    return _mm512_maskz_loadu_epi32(
-        count - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (count - i)) - 1), grid + i * 2);
-  }
-
-  // A form's registers for axis 0 (x) or 1 (y).
-  template <Coordinates kForm>
-  ETKIT_AVX512 static auto registers(const Setup& s, int axis) {
-    if constexpr (kForm == Coordinates::kInteger) {
-      return axis_integer_registers(axis == 0 ? s.integer_x : s.integer_y);
-    } else if constexpr (kForm == Coordinates::kSplit) {
-      return axis_split_registers(axis == 0 ? s.split_x : s.split_y, axis);
-    } else if constexpr (kForm == Coordinates::kFloat) {
-      return Float{axis_registers_avx512(axis == 0 ? s.float_x : s.float_y),
-                   _mm512_set1_epi32(s.grid_zero_point)};
-    } else if constexpr (kForm == Coordinates::kExact) {
-      return axis_exact_registers(axis == 0 ? s.exact_x : s.exact_y);
-    } else if constexpr (kForm == Coordinates::kNearest) {
-      return axis_nearest_registers(axis == 0 ? s.nearest_x : s.nearest_y);
-    } else if constexpr (kForm == Coordinates::kTable) {
-      return Table{axis == 0 ? s.table_x : s.table_y, _mm512_set1_epi32(128)};
-    } else {
-      return 0;  // the scalar steps
-    }
-  }
-
-  // The form's Q (bilinear) or nearest index of sixteen grid values (kSplit: (x, y) pairs).
-  template <Coordinates kForm, bool kNearest, typename Registers>
-  ETKIT_AVX512 static I tap(I g, const Registers& r) {
-    if constexpr (kForm == Coordinates::kInteger) {
-      return integer_tap(g, r);
-    } else if constexpr (kForm == Coordinates::kSplit) {
-      return split_tap(g, r);
-    } else if constexpr (kForm == Coordinates::kFloat) {
-      return vector_tap_avx512(_mm512_sub_epi32(g, r.zero), r.axis);
-    } else if constexpr (kForm == Coordinates::kExact) {
-      return exact_tap<kNearest>(g, r);
-    } else if constexpr (kForm == Coordinates::kNearest) {
-      return nearest_tap(g, r);
-    } else {
-      return _mm512_i32gather_epi32(_mm512_add_epi32(g, r.bias), r.table, 4);
-    }
-  }
-
-  template <typename GridT, typename Body>
-  static void with_form(Coordinates form, bool nearest, const Body& body) {
-    using C = Coordinates;
-    core::with_form<GridT, C::kTable, C::kSplit, C::kInteger, C::kFloat, C::kNearest, C::kExact,
-                    C::kScalar>(form, nearest, body);
-  }
-};
-
-// AVX2: eight lanes; no split form (its 16-bit multiply-adds are AVX-512's here: the integer one
-// instead) and no exact one (it needs 64-bit lane operations AVX2 lacks: the scalar steps).
-struct Avx2 {
-  static constexpr int kLanes = 8;
-  using I = __m256i;
-  struct Float {
-    AxisRegisters axis;
-    I zero;
-  };
-  struct Table {
-    const int32_t* table;
-    I bias;
-  };
-
-  ETKIT_AVX2 static I load(const int32_t* values) {
-    return _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
-  }
-  ETKIT_AVX2 static void store(int32_t* values, I v) {
-    _mm256_store_si256(reinterpret_cast<__m256i*>(values), v);
-  }
-
-  template <typename GridT>
-  ETKIT_AVX2 static void load_grid(const GridT* grid, int64_t grid_x, int64_t grid_axis, bool,
-                                   int64_t i, int64_t count, I* gx, I* gy) {
-    alignas(32) int32_t tx[8] = {}, ty[8] = {};
-    for (int64_t k = 0; k < std::min<int64_t>(8, count - i); ++k) {
-      const GridT* const point = grid + (i + k) * grid_x;
-      tx[k] = point[0];
-      ty[k] = point[grid_axis];
-    }
-    *gx = load(tx);
-    *gy = load(ty);
-  }
-
-  template <typename GridT>
-  static I load_pairs(const GridT*, int64_t, int64_t);  // (no split form)
-
-  template <Coordinates kForm>
-  ETKIT_AVX2 static auto registers(const Setup& s, int axis) {
-    if constexpr (kForm == Coordinates::kInteger) {
-      return axis_integer_registers_avx2(axis == 0 ? s.integer_x : s.integer_y);
-    } else if constexpr (kForm == Coordinates::kFloat) {
-      return Float{axis_registers(axis == 0 ? s.float_x : s.float_y),
-                   _mm256_set1_epi32(s.grid_zero_point)};
-    } else if constexpr (kForm == Coordinates::kNearest) {
-      return axis_nearest_registers_avx2(axis == 0 ? s.nearest_x : s.nearest_y);
-    } else if constexpr (kForm == Coordinates::kTable) {
-      return Table{axis == 0 ? s.table_x : s.table_y, _mm256_set1_epi32(128)};
-    } else {
-      return 0;  // the scalar steps
-    }
-  }
-
-  template <Coordinates kForm, bool kNearest, typename Registers>
-  ETKIT_AVX2 static I tap(I g, const Registers& r) {
-    if constexpr (kForm == Coordinates::kInteger) {
-      return integer_tap_avx2(g, r);
-    } else if constexpr (kForm == Coordinates::kFloat) {
-      return vector_tap(_mm256_sub_epi32(g, r.zero), r.axis);
-    } else if constexpr (kForm == Coordinates::kNearest) {
-      return nearest_tap_avx2(g, r);
-    } else {
-      return _mm256_i32gather_epi32(r.table, _mm256_add_epi32(g, r.bias), 4);
-    }
-  }
-
-  template <typename GridT, typename Body>
-  static void with_form(Coordinates form, bool nearest, const Body& body) {
-    using C = Coordinates;
-    const C own = form == C::kSplit ? C::kInteger : (form == C::kExact ? C::kScalar : form);
-    core::with_form<GridT, C::kTable, C::kInteger, C::kFloat, C::kNearest, C::kScalar>(
-        own, nearest, body);
-  }
-};
-
-namespace avx512 {
-using V = Avx512;
-#define ETKIT_X86_TARGET ETKIT_AVX512
-#include "quantized_x86_pass1.h"
-#undef ETKIT_X86_TARGET
-}  // namespace avx512
-
-namespace avx2 {
-using V = Avx2;
-#define ETKIT_X86_TARGET ETKIT_AVX2
-#include "quantized_x86_pass1.h"
-#undef ETKIT_X86_TARGET
-}  // namespace avx2
-
-ETKIT_AVX2 inline RequantRegisters requant_registers_avx2(const Setup& s) {
-  const NarrowRequant& narrow = s.narrow;
-  return {narrow.applies,
-          narrow.multiplier == 1,
-          _mm256_set1_epi32(narrow.multiplier),
-          _mm_cvtsi64_si128(narrow.shift),
-          _mm256_set1_epi32(static_cast<int32_t>((int64_t(1) << (narrow.shift - 1)) - 1)),
-          _mm256_set1_epi64x(s.wide_multiplier),
-          _mm_cvtsi64_si128(s.wide_shift),
-          _mm_cvtsi64_si128(s.wide_shift - 32),
-          _mm256_set1_epi64x((int64_t(1) << (s.wide_shift - 1)) - 1),
-          _mm256_set1_epi16(static_cast<int16_t>(s.output_zero_point)),
-          _mm256_set1_epi16(static_cast<int16_t>(s.output_min)),
-          _mm256_set1_epi16(static_cast<int16_t>(s.output_max))};
-}
-
-// Sixteen values (two vectors of eight: step 4's, with 15 fractional bits, less the image zero
-// point) to the output: `count` of them stored at `out`.
-template <typename OutT>
-ETKIT_AVX2 inline void store16_avx2(__m256i first, __m256i second, const RequantRegisters& r,
-                                    __m256 float_scale, OutT* out, int64_t count) {
-  if constexpr (std::is_same_v<OutT, int8_t>) {
-    // [first 0-3, second 0-3 | first 4-7, second 4-7] in 16-bit lanes -> bytes in order
-    __m256i words = finish16(requantize8(first, r), requantize8(second, r), r);
-    words = _mm256_permute4x64_epi64(words, 0xD8);
-    const __m256i bytes = _mm256_packs_epi16(words, words);
-    const __m128i ordered = _mm_unpacklo_epi64(_mm256_castsi256_si128(bytes),
-                                               _mm256_extracti128_si256(bytes, 1));
-    if (count >= 16) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), ordered);
-    } else {
-      alignas(16) int8_t staged[16];
-      _mm_store_si128(reinterpret_cast<__m128i*>(staged), ordered);
-      std::memcpy(out, staged, static_cast<size_t>(count));
-    }
-  } else {
-    const __m256 values[2] = {_mm256_mul_ps(_mm256_cvtepi32_ps(first), float_scale),
-                              _mm256_mul_ps(_mm256_cvtepi32_ps(second), float_scale)};
-    for (int k = 0; k < 2; ++k) {
-      const int64_t left = count - 8 * k;
-      if (left >= 8) {
-        _mm256_storeu_ps(out + 8 * k, values[k]);
-      } else if (left > 0) {
-        const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(left)),
-                                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        _mm256_maskstore_ps(out + 8 * k, lanes, values[k]);
-      }
-    }
-  }
-}
-
-ETKIT_AVX2 inline __m256i gather_row_avx2(const int8_t* base, __m256i offsets, __m256i shift_bits,
-                                          bool shifted, __m256i limit, bool clamp_end) {
-  const int* const words = reinterpret_cast<const int*>(base);
-  if (!shifted && !clamp_end) {
-    return _mm256_i32gather_epi32(words, offsets, 1);
-  }
-  __m256i address = offsets, bits = shift_bits;
-  if (clamp_end) {
-    address = _mm256_min_epi32(offsets, limit);
-    bits = _mm256_add_epi32(bits, _mm256_slli_epi32(_mm256_sub_epi32(offsets, address), 3));
-  }
-  const __m256i zero = _mm256_setzero_si256();
-  const __m256i raw = _mm256_i32gather_epi32(words, address, 1);
-  const __m256i right = _mm256_srlv_epi32(raw, _mm256_max_epi32(bits, zero));
-  return _mm256_sllv_epi32(right, _mm256_max_epi32(_mm256_sub_epi32(zero, bits), zero));
-}
-
-ETKIT_AVX2 inline __m256i below_or_equal(__m256i v, __m256i last) {  // 0 <= v <= last
-  return _mm256_cmpeq_epi32(_mm256_min_epu32(v, last), v);
-}
-
-// Eight planar pixels' step 4 inputs that do not depend on the channel.
-struct PlanarTaps {
-  __m256i upper, lower, shift_bits, inside, w1, w2, w3;
-  bool shifted, all_inside;
-};
-
-ETKIT_AVX2 inline PlanarTaps planar_taps_avx2(const Coords& c, int64_t i, const Setup& s) {
+ETKIT_AVX2 inline Weights256 pixel_weights_avx2(__m256i wx, __m256i wy) {
   const __m256i weight_mask = _mm256_set1_epi32(0x7fff), zero = _mm256_setzero_si256();
-  const __m256i one = _mm256_set1_epi32(1), low16 = _mm256_set1_epi32(0xffff);
-  const __m256i last_x = _mm256_set1_epi32(s.width - 1), last_y = _mm256_set1_epi32(s.height - 1);
-  const __m256i qx = _mm256_load_si256(reinterpret_cast<const __m256i*>(c.x + i));
-  const __m256i qy = _mm256_load_si256(reinterpret_cast<const __m256i*>(c.y + i));
-  const __m256i x0 = _mm256_srai_epi32(qx, kWeightBits), y0 = _mm256_srai_epi32(qy, kWeightBits);
-  const __m256i wx = _mm256_and_si256(qx, weight_mask), wy = _mm256_and_si256(qy, weight_mask);
+  const __m256i low16 = _mm256_set1_epi32(0xffff);
   const __m256i product = _mm256_madd_epi16(wx, wy);  // upper halves are zero: wx * wy
   const __m256i h = _mm256_srli_epi32(product, kWeightBits);
   const __m256i l = _mm256_and_si256(product, weight_mask);
-  PlanarTaps t;
-  t.w1 = _mm256_or_si256(_mm256_and_si256(_mm256_sub_epi32(zero, wy), low16),
-                         _mm256_slli_epi32(wy, 16));
-  t.w2 = _mm256_or_si256(_mm256_sub_epi32(wx, h), _mm256_slli_epi32(h, 16));
-  t.w3 = _mm256_or_si256(_mm256_and_si256(_mm256_sub_epi32(zero, l), low16),
-                         _mm256_slli_epi32(l, 16));
-  const __m256i in_x0 = below_or_equal(x0, last_x);
-  const __m256i in_x1 = below_or_equal(_mm256_add_epi32(x0, one), last_x);
-  const __m256i in_y0 = below_or_equal(y0, last_y);
-  const __m256i in_y1 = below_or_equal(_mm256_add_epi32(y0, one), last_y);
-  const __m256i all =
-      _mm256_and_si256(_mm256_and_si256(in_x0, in_x1), _mm256_and_si256(in_y0, in_y1));
-  t.all_inside = _mm256_movemask_ps(_mm256_castsi256_ps(all)) == 0xFF;
-  const __m256i x1_bytes = _mm256_set1_epi32(static_cast<int32_t>(0xFF00FF00));
-  const __m256i y1_bytes = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000));
-  t.inside = _mm256_and_si256(
-      _mm256_or_si256(_mm256_and_si256(in_x0, _mm256_set1_epi32(0x00FF00FF)),
-                      _mm256_and_si256(in_x1, x1_bytes)),
-      _mm256_or_si256(_mm256_and_si256(in_y0, _mm256_set1_epi32(0x0000FFFF)),
-                      _mm256_and_si256(in_y1, y1_bytes)));
-  const __m256i xa = _mm256_min_epi32(_mm256_max_epi32(x0, zero), _mm256_set1_epi32(s.width - 2));
-  const __m256i stride_y = _mm256_set1_epi32(static_cast<int32_t>(s.stride_y));
-  const __m256i row0 =
-      _mm256_mullo_epi32(_mm256_min_epi32(_mm256_max_epi32(y0, zero), last_y), stride_y);
-  const __m256i row1 = _mm256_mullo_epi32(
-      _mm256_min_epi32(_mm256_max_epi32(_mm256_add_epi32(y0, one), zero), last_y), stride_y);
-  t.upper = _mm256_add_epi32(row0, xa);
-  t.lower = _mm256_add_epi32(row1, xa);
-  if (c.batched) {
-    const __m256i plane = _mm256_load_si256(reinterpret_cast<const __m256i*>(c.plane + i));
-    t.upper = _mm256_add_epi32(t.upper, plane);
-    t.lower = _mm256_add_epi32(t.lower, plane);
-  }
-  t.shift_bits = _mm256_slli_epi32(_mm256_sub_epi32(x0, xa), 3);
-  t.shifted = !_mm256_testz_si256(t.shift_bits, t.shift_bits);
-  return t;
+  return {_mm256_or_si256(_mm256_and_si256(_mm256_sub_epi32(zero, wy), low16),
+                          _mm256_slli_epi32(wy, 16)),
+          _mm256_or_si256(_mm256_sub_epi32(wx, h), _mm256_slli_epi32(h, 16)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_sub_epi32(zero, l), low16),
+                          _mm256_slli_epi32(l, 16))};
 }
 
 // Step 4 of eight lanes [q00, q01, q10, q11] (see above).
-ETKIT_AVX2 inline __m256i blend_avx2(__m256i quad, const PlanarTaps& t, __m256i zero_point) {
+ETKIT_AVX2 inline __m256i blend_avx2(__m256i quad, const Weights256& t, __m256i zero_point) {
   const __m256i low = _mm256_srai_epi16(_mm256_slli_epi16(quad, 8), 8);  // [q00, q10]
   const __m256i high = _mm256_srai_epi16(quad, 8);                       // [q01, q11]
   const __m256i d = _mm256_sub_epi16(high, low);
@@ -1208,8 +1164,18 @@ ETKIT_AVX2 __attribute__((noinline)) void planar_block_avx2(const Coords& c, int
   const __m256i zero_point = _mm256_set1_epi32(s.image_zero_point);
   const __m256i zero_bytes = _mm256_set1_epi8(static_cast<char>(s.image_zero_point));
   const int64_t row_reach = (s.height - 1) * s.stride_y + (s.width - 2) + 4;
+  const __m256i weight_mask = _mm256_set1_epi32(0x7fff);
+  const avx2::PlanarBounds bounds = avx2::planar_bounds(s);
   for (int64_t i = 0; i < count; i += 16) {
-    const PlanarTaps taps[2] = {planar_taps_avx2(c, i, s), planar_taps_avx2(c, i + 8, s)};
+    avx2::PlanarTaps taps[2];
+    Weights256 weights[2];
+    for (int k = 0; k < 2; ++k) {
+      const __m256i qx = _mm256_load_si256(reinterpret_cast<const __m256i*>(c.x + i + 8 * k));
+      const __m256i qy = _mm256_load_si256(reinterpret_cast<const __m256i*>(c.y + i + 8 * k));
+      weights[k] = pixel_weights_avx2(_mm256_and_si256(qx, weight_mask),
+                                      _mm256_and_si256(qy, weight_mask));
+      taps[k] = avx2::planar_taps<1>(c, i + 8 * k, bounds);
+    }
     for (int64_t ch = 0; ch < s.channels; ++ch) {
       const int64_t plane_offset = r.plane_offset + ch * s.stride_c;
       const int8_t* const plane = r.plane + ch * s.stride_c;
@@ -1218,16 +1184,16 @@ ETKIT_AVX2 __attribute__((noinline)) void planar_block_avx2(const Coords& c, int
           static_cast<int32_t>(std::min<int64_t>(s.extent - plane_offset - 4, INT32_MAX)));
       __m256i values[2];
       for (int k = 0; k < 2; ++k) {
-        const PlanarTaps& t = taps[k];
+        const avx2::PlanarTaps& t = taps[k];
         const __m256i up =
-            gather_row_avx2(plane, t.upper, t.shift_bits, t.shifted, limit, clamp_end);
+            avx2::gather_row(plane, t.upper, t.shift_bits, t.shifted, limit, clamp_end);
         const __m256i down =
-            gather_row_avx2(plane, t.lower, t.shift_bits, t.shifted, limit, clamp_end);
+            avx2::gather_row(plane, t.lower, t.shift_bits, t.shifted, limit, clamp_end);
         __m256i quad = _mm256_blend_epi16(up, _mm256_slli_epi32(down, 16), 0xAA);
         if (!t.all_inside) {
           quad = _mm256_blendv_epi8(zero_bytes, quad, t.inside);
         }
-        values[k] = blend_avx2(quad, t, zero_point);
+        values[k] = blend_avx2(quad, weights[k], zero_point);
       }
       store16_avx2(values[0], values[1], requant, float_scale,
                    static_cast<OutT*>(r.out) + (first + i) + ch * r.output_c,
@@ -1235,125 +1201,6 @@ ETKIT_AVX2 __attribute__((noinline)) void planar_block_avx2(const Coords& c, int
     }
   }
 }
-
-// Nearest: the source pixels' bytes (the image zero point where outside) in output order, then
-// step 5.
-template <typename OutT>
-ETKIT_AVX2 void store_raw_avx2(const int8_t* raw, int64_t bytes, const Setup& s,
-                               const RequantRegisters& r, OutT* out) {
-  if (std::is_same_v<OutT, int8_t> && s.identity_table) {
-    std::memcpy(out, raw, static_cast<size_t>(bytes));
-    return;
-  }
-  const __m256i zero_point = _mm256_set1_epi32(s.image_zero_point);
-  const __m256 float_scale = _mm256_set1_ps(s.float_scale);
-  for (int64_t k = 0; k < bytes; k += 16) {
-    __m256i values[2];
-    for (int h = 0; h < 2; ++h) {
-      const __m256i v = _mm256_cvtepi8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(raw + k + 8 * h)));
-      values[h] = _mm256_slli_epi32(_mm256_sub_epi32(v, zero_point), kWeightBits);
-    }
-    store16_avx2(values[0], values[1], r, float_scale, out + k, std::min<int64_t>(16, bytes - k));
-  }
-}
-
-template <Kind kKind, typename OutT>
-ETKIT_AVX2 __attribute__((noinline)) void nearest_block_avx2(const Coords& c, int64_t count,
-                                                             const Setup& s, const Run& r,
-                                                             int64_t first) {
-  const RequantRegisters requant = requant_registers_avx2(s);
-  const __m256i last_x = _mm256_set1_epi32(s.width - 1), last_y = _mm256_set1_epi32(s.height - 1);
-  const __m256i stride_y = _mm256_set1_epi32(static_cast<int32_t>(s.stride_y));
-  const __m256i stride_x = _mm256_set1_epi32(static_cast<int32_t>(s.stride_x));
-  const __m256i zero_raw = _mm256_set1_epi8(static_cast<char>(s.image_zero_point));
-  const __m256i lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const int64_t channels = s.channels;
-  const int64_t reach = (s.height - 1) * s.stride_y + (s.width - 1) * s.stride_x + 4;
-  // per 32-bit lane, its first (kNear2: two, kNear3: three) bytes, packed in each 128-bit half
-  const __m256i pick1 = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                         -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
-                                         -1, -1, -1, -1);
-  const __m256i pick2 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-                                         0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i pick3 = _mm256_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
-                                         0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
-  alignas(32) int8_t raw[128];
-  OutT* const out = static_cast<OutT*>(r.out);
-  for (int64_t i = 0; i < count; i += 8) {
-    const int64_t n = std::min<int64_t>(8, count - i);
-    const __m256i nx = _mm256_load_si256(reinterpret_cast<const __m256i*>(c.x + i));
-    const __m256i ny = _mm256_load_si256(reinterpret_cast<const __m256i*>(c.y + i));
-    const __m256i lanes =
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), lane_index);
-    const __m256i valid = _mm256_and_si256(
-        lanes, _mm256_and_si256(below_or_equal(nx, last_x), below_or_equal(ny, last_y)));
-    __m256i offsets = _mm256_and_si256(
-        valid,
-        _mm256_add_epi32(_mm256_mullo_epi32(ny, stride_y), _mm256_mullo_epi32(nx, stride_x)));
-    if (c.batched) {
-      const __m256i plane = _mm256_load_si256(reinterpret_cast<const __m256i*>(c.plane + i));
-      offsets = _mm256_add_epi32(offsets, _mm256_and_si256(valid, plane));
-    }
-    const auto gather32 = [&](const int8_t* plane, int64_t plane_offset) ETKIT_AVX2 {
-      const int* const words = reinterpret_cast<const int*>(plane);
-      if (plane_offset + c.plane_max + reach <= s.extent) {
-        return _mm256_mask_i32gather_epi32(zero_raw, words, offsets, valid, 1);
-      }
-      const __m256i limit = _mm256_set1_epi32(static_cast<int32_t>(s.extent - plane_offset - 4));
-      const __m256i address = _mm256_min_epi32(offsets, limit);
-      const __m256i gathered = _mm256_mask_i32gather_epi32(zero_raw, words, address, valid, 1);
-      return _mm256_srlv_epi32(gathered, _mm256_slli_epi32(_mm256_sub_epi32(offsets, address), 3));
-    };
-    const auto halves = [&](__m256i packed, int bytes_per_half) ETKIT_AVX2 {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(raw), _mm256_castsi256_si128(packed));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(raw + bytes_per_half),
-                       _mm256_extracti128_si256(packed, 1));
-    };
-    if constexpr (kKind == Kind::kNearPlanar) {
-      for (int64_t ch = 0; ch < channels; ++ch) {
-        halves(_mm256_shuffle_epi8(gather32(r.plane + ch * s.stride_c,
-                                            r.plane_offset + ch * s.stride_c), pick1), 4);
-        store_raw_avx2(raw, n, s, requant, out + first + i + ch * r.output_c);
-      }
-    } else if constexpr (kKind == Kind::kNear2) {
-      halves(_mm256_shuffle_epi8(gather32(r.plane, r.plane_offset), pick2), 8);
-      store_raw_avx2(raw, 2 * n, s, requant, out + (first + i) * 2);
-    } else if constexpr (kKind == Kind::kNear3) {
-      halves(_mm256_shuffle_epi8(gather32(r.plane, r.plane_offset), pick3), 12);
-      store_raw_avx2(raw, 3 * n, s, requant, out + (first + i) * 3);
-    } else if constexpr (kKind == Kind::kNear4) {
-      const __m256i gathered = _mm256_mask_i32gather_epi32(
-          zero_raw, reinterpret_cast<const int*>(r.plane), offsets, valid, 1);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(raw), gathered);
-      store_raw_avx2(raw, 4 * n, s, requant, out + (first + i) * 4);
-    } else if constexpr (kKind == Kind::kNear8) {
-      const long long* const base = reinterpret_cast<const long long*>(r.plane);
-      for (int h = 0; h < 2; ++h) {
-        const __m128i at =
-            h == 0 ? _mm256_castsi256_si128(offsets) : _mm256_extracti128_si256(offsets, 1);
-        const __m256i mask = _mm256_cvtepi32_epi64(
-            h == 0 ? _mm256_castsi256_si128(valid) : _mm256_extracti128_si256(valid, 1));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(raw + 32 * h),
-                           _mm256_mask_i32gather_epi64(zero_raw, base, at, mask, 1));
-      }
-      store_raw_avx2(raw, 8 * n, s, requant, out + (first + i) * 8);
-    } else {
-      alignas(32) int32_t at[8], inside[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(at), offsets);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(inside), valid);
-      for (int64_t j = 0; j < n; ++j) {
-        for (int64_t h = 0; h < channels; h += 16) {
-          const __m128i bytes = inside[j] != 0 ? load16(r.plane + at[j] + h)
-                                               : _mm256_castsi256_si128(zero_raw);
-          _mm_store_si128(reinterpret_cast<__m128i*>(raw), bytes);
-          store_raw_avx2(raw, 16, s, requant, out + (first + i + j) * channels + h);
-        }
-      }
-    }
-  }
-}
-
 
 // Bilinear, channels-last, any channel count: per channel, each tap's byte is one 32-bit gather
 // (byte 0 of the word at the tap), four per channel of eight pixels, then step 4 as for planar
@@ -1370,8 +1217,7 @@ ETKIT_AVX2 __attribute__((noinline)) void channels_block_avx2(const Coords& c, i
   const __m256 float_scale = _mm256_set1_ps(s.float_scale);
   const __m256i zero_point = _mm256_set1_epi32(s.image_zero_point);
   const __m256i weight_mask = _mm256_set1_epi32(0x7fff), zero = _mm256_setzero_si256();
-  const __m256i byte = _mm256_set1_epi32(0xFF), low16 = _mm256_set1_epi32(0xffff);
-  const __m256i lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i byte = _mm256_set1_epi32(0xFF);
   const int64_t channels = s.channels, stride_y = s.stride_y;
   // the largest offset whose reads stay in the image: the last gather reads 4 bytes at the
   // lower row's x0 + 1 tap of the last channel, offset + stride_y + 2 * channels - 1
@@ -1398,28 +1244,20 @@ ETKIT_AVX2 __attribute__((noinline)) void channels_block_avx2(const Coords& c, i
     const __m256i offsets = _mm256_add_epi32(
         _mm256_mullo_epi32(y0, _mm256_set1_epi32(static_cast<int32_t>(stride_y))),
         _mm256_mullo_epi32(x0, _mm256_set1_epi32(static_cast<int32_t>(channels))));
-    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), lane_index);
+    const __m256i lanes = Avx2::lanes(n);
     const __m256i inside = _mm256_and_si256(
         _mm256_and_si256(
             lanes, _mm256_andnot_si256(
                        _mm256_cmpgt_epi32(offsets, _mm256_set1_epi32(static_cast<int32_t>(limit))),
                        _mm256_cmpgt_epi32(offsets, _mm256_set1_epi32(-1)))),
         _mm256_and_si256(
-            _mm256_or_si256(below_or_equal(x0, _mm256_set1_epi32(s.width - 2)), edge_x),
-            _mm256_or_si256(below_or_equal(y0, _mm256_set1_epi32(s.height - 2)), edge_y)));
+            _mm256_or_si256(Avx2::at_most(x0, _mm256_set1_epi32(s.width - 2)), edge_x),
+            _mm256_or_si256(Avx2::at_most(y0, _mm256_set1_epi32(s.height - 2)), edge_y)));
     const int inside_bits = _mm256_movemask_ps(_mm256_castsi256_ps(inside));
     outside[i / 16] = static_cast<uint16_t>(outside[i / 16] |
                                             ((all_lanes & ~inside_bits) << (i % 16)));
     const __m256i at = _mm256_and_si256(inside, offsets);
-    const __m256i product = _mm256_madd_epi16(wx, wy);
-    const __m256i h = _mm256_srli_epi32(product, kWeightBits);
-    const __m256i l = _mm256_and_si256(product, weight_mask);
-    PlanarTaps t;
-    t.w1 = _mm256_or_si256(_mm256_and_si256(_mm256_sub_epi32(zero, wy), low16),
-                           _mm256_slli_epi32(wy, 16));
-    t.w2 = _mm256_or_si256(_mm256_sub_epi32(wx, h), _mm256_slli_epi32(h, 16));
-    t.w3 = _mm256_or_si256(_mm256_and_si256(_mm256_sub_epi32(zero, l), low16),
-                           _mm256_slli_epi32(l, 16));
+    const Weights256 t = pixel_weights_avx2(wx, wy);
     OutT* const out = static_cast<OutT*>(r.out) + (first + i) * channels;
     for (int64_t ch0 = 0; ch0 < channels; ch0 += 16) {
       const int64_t chunk = std::min<int64_t>(16, channels - ch0);
@@ -1482,33 +1320,21 @@ __attribute__((always_inline)) inline bool second_pass_block(const Coords& c, in
                                                              const Setup& s, const Run& run,
                                                              int64_t first, bool wide,
                                                              uint16_t* outside) {
-  if (!wide) {
-    switch (s.kind) {
-      case Kind::kPlanar:
-        planar_block_avx2<OutT>(c, block, s, run, first);
-        return false;
-      case Kind::kChannels:
-        channels_block_avx2<OutT>(c, block, s, run, first, outside);
-        return true;
-      case Kind::kNearPlanar:
-        nearest_block_avx2<Kind::kNearPlanar, OutT>(c, block, s, run, first);
-        return false;
-      case Kind::kNear2:
-        nearest_block_avx2<Kind::kNear2, OutT>(c, block, s, run, first);
-        return false;
-      case Kind::kNear3:
-        nearest_block_avx2<Kind::kNear3, OutT>(c, block, s, run, first);
-        return false;
-      case Kind::kNear4:
-        nearest_block_avx2<Kind::kNear4, OutT>(c, block, s, run, first);
-        return false;
-      case Kind::kNear8:
-        nearest_block_avx2<Kind::kNear8, OutT>(c, block, s, run, first);
-        return false;
-      default:  // kNear16 (select_kind returns no other kind)
-        nearest_block_avx2<Kind::kNear16, OutT>(c, block, s, run, first);
-        return false;
+  if (core::is_nearest(s.kind)) {
+    if (wide) {
+      avx512::nearest_pass<OutT>(c, block, s, run, first);
+    } else {
+      avx2::nearest_pass<OutT>(c, block, s, run, first);
     }
+    return false;
+  }
+  if (!wide) {
+    if (s.kind == Kind::kPlanar) {
+      planar_block_avx2<OutT>(c, block, s, run, first);
+      return false;
+    }
+    channels_block_avx2<OutT>(c, block, s, run, first, outside);  // kChannels
+    return true;
   }
   switch (s.kind) {
     case Kind::kPlanar:
@@ -1524,25 +1350,7 @@ __attribute__((always_inline)) inline bool second_pass_block(const Coords& c, in
     case Kind::kSixteens:
       bilinear_wide_block<OutT>(c, block, s, run, first, outside);
       return true;
-    case Kind::kNearPlanar:
-      nearest_block<Kind::kNearPlanar, OutT>(c, block, s, run, first);
-      return false;
-    case Kind::kNear2:
-      nearest_block<Kind::kNear2, OutT>(c, block, s, run, first);
-      return false;
-    case Kind::kNear3:
-      nearest_block<Kind::kNear3, OutT>(c, block, s, run, first);
-      return false;
-    case Kind::kNear4:
-      nearest_block<Kind::kNear4, OutT>(c, block, s, run, first);
-      return false;
-    case Kind::kNear8:
-      nearest_block<Kind::kNear8, OutT>(c, block, s, run, first);
-      return false;
-    case Kind::kNear16:
-      nearest_block<Kind::kNear16, OutT>(c, block, s, run, first);
-      return false;
-    default:  // select_kind returns no other kind for AVX-512
+    default:  // select_kind returns no other bilinear kind for AVX-512
       return false;
   }
 }

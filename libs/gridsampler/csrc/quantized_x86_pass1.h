@@ -5,6 +5,28 @@
 // target attribute: a function's target cannot vary with a template argument, so the text is
 // compiled twice instead. No include guard, on purpose. Internal to the native library.
 
+// The grid values of each axis (int32 lanes) of the block's pixels i onwards: (x, y) pairs in
+// one load where the target has it (V::kPairLoads), else staged one by one.
+template <typename GridT>
+ETKIT_X86_TARGET inline void load_grid(const GridT* grid, int64_t grid_x, int64_t grid_axis,
+                                       bool pairs, int64_t i, int64_t count, typename V::I* gx,
+                                       typename V::I* gy) {
+  if constexpr (V::kPairLoads) {
+    if (pairs) {
+      V::load_pairs_xy(grid, i, count, gx, gy);
+      return;
+    }
+  }
+  alignas(64) int32_t tx[V::kLanes] = {}, ty[V::kLanes] = {};
+  for (int64_t k = 0; k < std::min<int64_t>(V::kLanes, count - i); ++k) {
+    const GridT* const point = grid + (i + k) * grid_x;
+    tx[k] = point[0];
+    ty[k] = point[grid_axis];
+  }
+  *gx = V::load(tx);
+  *gy = V::load(ty);
+}
+
 // Pass 1 for `count` pixels of the block from `grid` on, into `out`.
 template <typename GridT, Coordinates kForm, bool kNearest>
 ETKIT_X86_TARGET __attribute__((noinline)) void coordinates_block(const GridT* grid,
@@ -25,7 +47,7 @@ ETKIT_X86_TARGET __attribute__((noinline)) void coordinates_block(const GridT* g
       cy = V::template tap<kForm, kNearest>(xy, ry);
     } else {
       I gx, gy;
-      V::load_grid(grid, grid_x, grid_axis, s.pairs, i, count, &gx, &gy);
+      load_grid(grid, grid_x, grid_axis, s.pairs, i, count, &gx, &gy);
       if constexpr (kForm == Coordinates::kScalar) {
         alignas(64) int32_t vx[kLanes], vy[kLanes];
         V::store(vx, gx);
