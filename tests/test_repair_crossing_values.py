@@ -99,3 +99,39 @@ def test_values_crossing_a_grid_sampler_run_on_xnnpack(tmp_path: Path, name: str
         if comparison["reference"] == "quantized PT2E model":
             # XNNPACK's int8 kernels round their own way: within a step or two of SNORM8
             assert comparison["max_abs_error"] <= 2 / 127 + 1e-6, comparison
+
+
+class _AliasCrossingVgfs(torch.nn.Module):
+    """A resized image and ``x[:, 0:2]`` of it (the whole tensor: an alias) both cross from one
+    VGF into another: the sampler between them stays in etkit's delegate (its 2 x 9 x 15 output
+    is 270 bytes, not whole 32-bit words). A fuzzer find (seed 2088): the Arm backend removed the
+    alias, the first VGF declared two outputs of one tensor and wrote one, and the second VGF
+    read zeros for the other (17.5 dB from the quantized model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(412217030)
+        self.flow = torch.nn.Conv2d(2, 2, 1)
+        self.head = torch.nn.Conv2d(4, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grid = torch.tanh(self.flow(x)).permute(0, 2, 3, 1)
+        small = torch.nn.functional.interpolate(x, size=(4, 7), mode="nearest")
+        whole = small[:, 0:2]
+        warped = torch.nn.functional.grid_sample(
+            small - whole, grid, mode="nearest", align_corners=True
+        )
+        up = torch.nn.functional.interpolate(small * whole, size=(9, 15), mode="bilinear")
+        return self.head(torch.cat([warped, up], 1))
+
+
+@pytest.mark.slow
+def test_vgf_values_crossing_as_an_alias_of_each_other_verify(tmp_path: Path) -> None:
+    x = torch.rand(1, 2, 9, 15, generator=torch.Generator().manual_seed(451801537)) * 2 - 1
+    result = export_model(
+        _AliasCrossingVgfs().eval(), (x,), target="vgf", artifacts_root=tmp_path / "o", verify=True
+    )
+    assert result.verification is not None
+    assert result.verification["verdict"]["result"] == "pass"
+    backends = [p["backend"] for p in result.report["partitions"]]
+    assert "GridSamplerBackend" in backends and backends.count("VgfBackend") >= 2, backends

@@ -328,11 +328,17 @@ def test_kornia_expectations_quantized_within_one_step(quantized_zoo: Exported) 
 @pytest.mark.slow
 def test_raft_small_exports_with_its_samplers_delegated(raft: Exported) -> None:
     """RAFT-small (flow and warp forms where the target takes them): exported and verified,
-    every correlation lookup and the warp in etkit's grid-sampler delegate."""
+    every correlation lookup and the warp in etkit's grid-sampler delegate or, for VGF, a
+    compute segment inside the VGF."""
     result = raft.require()
     left = [o for o in result.report["outside_delegates"] if "grid_sampler" in o["op"]]
     assert not left, left
-    assert result.report["grid_samplers"], result.report
+    paths = result.report["grid_sampler_paths"]
+    assert paths, result.report
+    wanted = (
+        {"vgf-compute-segment", "etkit-delegate"} if raft.target == "vgf" else {"etkit-delegate"}
+    )
+    assert {p["path"] for p in paths} <= wanted, paths
 
 
 @pytest.mark.slow

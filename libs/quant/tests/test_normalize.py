@@ -307,3 +307,27 @@ def test_an_in_place_activation_takes_its_functional_form_and_nothing_else_chang
     assert report.steps["functional_activations"] == 1 and report.steps["functionalize"] == 0
     with torch.no_grad():
         assert torch.equal(normalized.module()(*inputs), model(*inputs))
+
+
+class _NoopViews(torch.nn.Module):
+    """A whole-tensor slice (recorded as ``alias``), a clone and a same-shape view of a resized
+    tensor, and a real slice and reshape beside them."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = F.interpolate(x, size=(4, 7), mode="nearest")
+        whole = y[:, 0:2]
+        return y - whole, y * y.clone(), y.view(1, 2, 4, 7) + 1, y[:, 0:1], y.reshape(1, 4, 14)
+
+
+def test_views_that_change_nothing_are_bypassed_and_the_values_kept() -> None:
+    x = torch.rand(1, 2, 9, 15, generator=torch.Generator().manual_seed(0))
+    program = torch.export.export(_NoopViews(), (x,), strict=True)
+    normalized, report = normalize_program(program, (x,))
+    names = [target_name(n) for n in normalized.graph.nodes if n.op == "call_function"]
+    assert "aten::alias" not in names and "aten::clone" not in names
+    assert names.count("aten::view") == 0  # the same-shape view; the reshape keeps its own
+    assert "aten::slice.Tensor" in names and "aten::reshape" in names
+    assert report.steps["drop_noop_views"] == 3
+    with torch.no_grad():
+        for a, b in zip(normalized.module()(x), _NoopViews()(x), strict=True):
+            assert torch.equal(a, b)

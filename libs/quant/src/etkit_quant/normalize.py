@@ -19,6 +19,12 @@ what it computes (each is tested for exact equality on the float model):
   came out 8.5 dB from the quantized model);
 - ``drop_metadata_asserts``: ``aten._assert_tensor_metadata`` nodes (what ``.to()`` leaves)
   are removed, and ``.to()`` conversions that change neither dtype nor device are bypassed;
+- ``drop_noop_views``: ops whose result is their input unchanged (``x[:, 0:C]`` of a C-channel
+  tensor, which ``torch.export`` records as an ``alias``; a ``clone``; a view or reshape to the
+  input's own shape) are bypassed. A partition whose outputs include such an alias of another
+  of its outputs is lowered by ExecuTorch 1.5.1's Arm backend with the alias removed: two VGF
+  outputs of one tensor, one of which the VGF never writes (a fuzzer find: zeros read as the
+  program's value, 17.5 dB);
 - ``fold_constants``: every subgraph that depends on no graph input (a fixed matrix's inverse, a
   base grid, a constant grid) is computed once and becomes one constant;
 - ``tensor_scalars``: a scalar op (``eq.Scalar``, ``add.Scalar``, ...) on a 0-dim tensor becomes
@@ -160,6 +166,7 @@ def normalize_program(
     module: GraphModule = program.module(check_guards=False)
     report.record("functional_activations", functional_activations(module))
     report.record("drop_metadata_asserts", drop_metadata_asserts(module))
+    report.record("drop_noop_views", drop_noop_views(module))
     report.record("fold_constants", fold_constants(module))
     report.record("tensor_scalars", tensor_scalars(module))
     report.record("ranked_scalar_constants", ranked_scalar_constants(module))
@@ -246,6 +253,44 @@ def drop_metadata_asserts(module: GraphModule) -> list[str]:
             node.replace_all_uses_with(source)
             removed.append(node.name)
             module.graph.erase_node(node)
+    if removed:
+        module.recompile()
+    return removed
+
+
+_NOOP_VIEWS: Final = frozenset(
+    {"aten::alias", "aten::clone", "aten::view", "aten::reshape", "aten::slice.Tensor"}
+)
+
+
+def drop_noop_views(module: GraphModule) -> list[str]:
+    """Bypasses the ops of ``_NOOP_VIEWS`` whose result is their input unchanged (same shape,
+    dtype and strides; a slice of a whole dimension with step 1; a clone that keeps the memory
+    format), in a graph without in-place ops (where a view could be written through). Returns
+    the names of the bypassed nodes."""
+    if any(_mutates(n) for n in module.graph.nodes):
+        return []
+    removed: list[str] = []
+    for node in list(module.graph.nodes):
+        if target_name(node) not in _NOOP_VIEWS or not node.args:
+            continue
+        source, result = node.args[0], _value(node)
+        value = _value(source)
+        if not isinstance(source, Node) or value is None or result is None:
+            continue
+        same = (
+            value.shape == result.shape
+            and value.dtype == result.dtype
+            and value.stride() == result.stride()
+            and node.kwargs.get("memory_format") in (None, torch.preserve_format)
+        )
+        if target_name(node) == "aten::slice.Tensor":
+            same = same and (node.args[4] if len(node.args) > 4 else 1) == 1
+        if not same:
+            continue
+        node.replace_all_uses_with(source)
+        removed.append(node.name)
+        module.graph.erase_node(node)
     if removed:
         module.recompile()
     return removed
