@@ -148,3 +148,23 @@ def test_a_generated_model_exports_and_verifies_or_is_refused(
         f"seed {seed} ({spec.counts()}) for {target}: {outcome.line()}\n"
         f"model: {path}\nreproduce: {mf.repro_command(path, target)}"
     )
+
+
+# Seeds whose VGF programs were wrong or failed until the fix named: they must keep verifying.
+VGF_REGRESSION_SEEDS = {
+    1063: "a resize given its own output observer before a cat (BoundaryQuantizer)",
+    2022: "a sampler reading the program input through x[:, 0:4] (the in-VGF copy)",
+    2088: "an alias crossing two VGFs (normalize.drop_noop_views)",
+    2130: "a pad of nothing before a sampler of the input (normalize.drop_noop_views)",
+    2224: "sigmoid(x) computed twice, both crossing VGFs (normalize.merge_duplicates)",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", sorted(VGF_REGRESSION_SEEDS))
+def test_a_fixed_vgf_finding_keeps_verifying(seed: int, tmp_path: Path) -> None:
+    spec = mf.generate(seed)
+    outcome = mf.classify(spec, "vgf", tmp_path)
+    assert outcome.kind == "verified", (
+        f"seed {seed} ({VGF_REGRESSION_SEEDS[seed]}): {outcome.line()}"
+    )

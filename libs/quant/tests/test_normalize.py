@@ -331,3 +331,28 @@ def test_views_that_change_nothing_are_bypassed_and_the_values_kept() -> None:
     with torch.no_grad():
         for a, b in zip(normalized.module()(x), _NoopViews()(x), strict=True):
             assert torch.equal(a, b)
+
+
+class _Twins(torch.nn.Module):
+    """``sigmoid(x)`` computed twice, a pad of nothing, and two random draws."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        same = F.pad(x, (0, 0, 0, 0), mode="reflect")
+        noise = torch.rand(1) - torch.rand(1)  # two draws: never one
+        return torch.sigmoid(same) + noise, torch.sigmoid(x) * 2
+
+
+def test_twin_computations_merge_pads_of_nothing_go_and_random_draws_stay() -> None:
+    x = torch.rand(1, 2, 5, 6, generator=torch.Generator().manual_seed(0))
+    program = torch.export.export(_Twins(), (x,), strict=True)
+    normalized, report = normalize_program(program, (x,))
+    before, after = _ops(program), _ops(normalized)
+    assert before.count("aten::sigmoid") == 2 and after.count("aten::sigmoid") == 1
+    assert not any("pad" in name for name in after)
+    assert after.count("aten::rand") == 2
+    assert report.steps["merge_duplicates"] == 1 and report.steps["drop_noop_views"] == 1
+    torch.manual_seed(3)
+    expected = _Twins()(x)
+    torch.manual_seed(3)
+    for a, b in zip(normalized.module()(x), expected, strict=True):
+        assert torch.equal(a, b)

@@ -25,6 +25,12 @@ what it computes (each is tested for exact equality on the float model):
   of its outputs is lowered by ExecuTorch 1.5.1's Arm backend with the alias removed: two VGF
   outputs of one tensor, one of which the VGF never writes (a fuzzer find: zeros read as the
   program's value, 17.5 dB);
+- ``merge_duplicates``: nodes that compute the same op on the same arguments, from the
+  graph's inputs, become one (common subexpression elimination; random ops excepted; constant
+  subgraphs are left to ``fold_constants``). ExecuTorch 1.5.1's Arm backend merges such twins
+  after partitioning (``FuseDuplicateUsersPass``), and a VGF whose outputs were both twins
+  writes one of them: the next delegate read zeros (the fuzzer's seed 2224, ``sigmoid(x)``
+  computed twice: -36 dB);
 - ``fold_constants``: every subgraph that depends on no graph input (a fixed matrix's inverse, a
   base grid, a constant grid) is computed once and becomes one constant;
 - ``tensor_scalars``: a scalar op (``eq.Scalar``, ``add.Scalar``, ...) on a 0-dim tensor becomes
@@ -167,6 +173,7 @@ def normalize_program(
     report.record("functional_activations", functional_activations(module))
     report.record("drop_metadata_asserts", drop_metadata_asserts(module))
     report.record("drop_noop_views", drop_noop_views(module))
+    report.record("merge_duplicates", merge_duplicates(module))
     report.record("fold_constants", fold_constants(module))
     report.record("tensor_scalars", tensor_scalars(module))
     report.record("ranked_scalar_constants", ranked_scalar_constants(module))
@@ -258,21 +265,86 @@ def drop_metadata_asserts(module: GraphModule) -> list[str]:
     return removed
 
 
+def merge_duplicates(module: GraphModule) -> list[str]:
+    """Replaces each node that repeats an earlier node's op and arguments (after the earlier
+    merges) by that node, in a graph without in-place ops. Only nodes that depend on a graph
+    input: constant subgraphs are folded (``fold_constants``), one constant per use, since a
+    constant shared by two partitions fails ExecuTorch 1.5.1's Arm lowering (``KeyError`` in
+    ``deduplicate_get_attr_pass``). Random ops (``torch.rand``, dropout), impure nodes and
+    nodes with tensor arguments are never merged. Returns the names of the merged nodes."""
+    if any(_mutates(n) for n in module.graph.nodes):
+        return []
+    seen: dict[tuple[Any, ...], Node] = {}
+    merged: list[str] = []
+    variable: set[Node] = set()  # nodes that depend on a graph input
+    for node in list(module.graph.nodes):
+        if node.op == "placeholder" or any(a in variable for a in node.all_input_nodes):
+            variable.add(node)
+        if node.op != "call_function" or node not in variable:
+            continue
+        if node.is_impure() or torch.Tag.nondeterministic_seeded in getattr(
+            node.target, "tags", ()
+        ):
+            continue
+        try:
+            key = (node.target, _key(node.args), _key(node.kwargs))
+            hash(key)
+        except TypeError:
+            continue
+        earlier = seen.get(key)
+        if earlier is None:
+            seen[key] = node
+            continue
+        node.replace_all_uses_with(earlier)
+        merged.append(node.name)
+        module.graph.erase_node(node)
+    if merged:
+        module.recompile()
+    return merged
+
+
+def _key(value: object) -> object:
+    """``value`` as a dictionary key (nodes by identity); tensors are not compared."""
+    if isinstance(value, torch.Tensor):
+        raise TypeError("tensor arguments are not compared")
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_key(v) for v in value))
+    if isinstance(value, dict):
+        return tuple(sorted((k, _key(v)) for k, v in value.items()))
+    return value
+
+
+_NOOP_PADS: Final = frozenset(
+    {
+        "aten::pad",
+        "aten::constant_pad_nd",
+        "aten::reflection_pad1d",
+        "aten::reflection_pad2d",
+        "aten::reflection_pad3d",
+        "aten::replication_pad1d",
+        "aten::replication_pad2d",
+        "aten::replication_pad3d",
+    }
+)
 _NOOP_VIEWS: Final = frozenset(
     {"aten::alias", "aten::clone", "aten::view", "aten::reshape", "aten::slice.Tensor"}
 )
 
 
 def drop_noop_views(module: GraphModule) -> list[str]:
-    """Bypasses the ops of ``_NOOP_VIEWS`` whose result is their input unchanged (same shape,
-    dtype and strides; a slice of a whole dimension with step 1; a clone that keeps the memory
-    format), in a graph without in-place ops (where a view could be written through). Returns
-    the names of the bypassed nodes."""
+    """Bypasses the ops of ``_NOOP_VIEWS`` and ``_NOOP_PADS`` whose result is their input
+    unchanged (same shape, dtype and strides; a slice of a whole dimension with step 1; a clone
+    that keeps the memory format; a pad of 0 on every side), in a graph without in-place ops
+    (where a view could be written through). Returns the names of the bypassed nodes."""
     if any(_mutates(n) for n in module.graph.nodes):
         return []
     removed: list[str] = []
     for node in list(module.graph.nodes):
-        if target_name(node) not in _NOOP_VIEWS or not node.args:
+        name = target_name(node)
+        if name in _NOOP_PADS and len(node.args) > 1 and isinstance(node.args[1], (list, tuple)):
+            if any(p != 0 for p in node.args[1]):
+                continue  # a pad that pads
+        elif name not in _NOOP_VIEWS or not node.args:
             continue
         source, result = node.args[0], _value(node)
         value = _value(source)
@@ -284,7 +356,7 @@ def drop_noop_views(module: GraphModule) -> list[str]:
             and value.stride() == result.stride()
             and node.kwargs.get("memory_format") in (None, torch.preserve_format)
         )
-        if target_name(node) == "aten::slice.Tensor":
+        if name == "aten::slice.Tensor":
             same = same and (node.args[4] if len(node.args) > 4 else 1) == 1
         if not same:
             continue
