@@ -359,9 +359,8 @@ def test_upstream_xnnpack_refuses_kornias_quantized_pads(
     quantized pads of kornia's separable Gaussian filter and the program fails to load
     ("Failed to create StaticConstantPad node"). When this test fails, upstream changed and the
     policy may go."""
-    from etkit_partition import DetagQuantizedPads
-
     import etkit_quant.normalize
+    from etkit_partition import DetagQuantizedPads
 
     monkeypatch.setattr(DetagQuantizedPads, "apply", lambda self, program: [])
     # the graph as kornia builds it: with its no-op views bypassed (drop_noop_views) the
