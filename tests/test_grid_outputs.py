@@ -1,7 +1,9 @@
 """A sampling grid the program returns (an ``affine_grid`` of a predicted theta, for the
-engine's own sampler): grid-shaped float outputs (N x H x W x 2) are grids, as grid-shaped
-inputs are. The coordinate arithmetic computing one stays float and is quantized once, on its
-way out, to a grid's qspec (SNORM16 in [-1, 1]). Before, the output's int8 qspec made the
+engine's own sampler): an ``affine_grid`` the program returns is coordinate arithmetic. It stays
+float and is quantized once, on its way out, with the output's qspec (SNORM8 by default; give
+``snorm16()`` for a finer grid). A grid-shaped output in general is not taken for a grid: an
+image 2 pixels wide is N x C x H x 2 (that rule gave a clamp's output int16, and XNNPACK's
+runtime crashed loading the program). Before, the output's int8 qspec made the
 ``affine_grid`` an integer op, and Arm's lowering decomposed it with float constants against
 integer inputs ("TosaValueError: Expected matching dtypes but got torch.float32 and
 torch.int8"; a fuzzer find). Real toolchain, both targets, verified."""
@@ -42,14 +44,14 @@ def exported(
 
 def test_a_returned_grid_is_quantized_as_a_grid_and_verifies(exported: ExportResult) -> None:
     (output,) = exported.io_quant_params["outputs"]
-    assert output["dtype"] == "int16"
-    assert output["scale"] == pytest.approx(1 / 32767)
+    assert output["dtype"] == "int8"  # an output's default: SNORM8 for values in [-1, 1]
+    assert output["scale"] == pytest.approx(1 / 127)
     assert exported.verification is not None
     assert exported.verification["verdict"]["result"] == "pass"
     (float_row,) = [
         c for c in exported.verification["comparisons"] if c["reference"] == "float model"
     ]
-    assert float_row["psnr_db"] > 55.0  # int16 grid from an int8 theta: 60.3 dB measured
+    assert float_row["psnr_db"] > 40.0  # one int8 rounding of values in [-1, 1]: about 48 dB
 
 
 def test_the_affine_grid_runs_in_float_as_coordinate_arithmetic(exported: ExportResult) -> None:

@@ -378,9 +378,11 @@ def test_vgf_same_on_cpu_and_vulkan_grid_sampler(vgf_split: Exported) -> None:
         )
 
 
-# A grid input that also feeds a conv is given channels-last order (0, 2, 3, 1) by the layout
-# pass; a scenario binds only contiguous tensors, so that export has no scenario (report says why).
-SCENARIO_REFUSED = {"inputs-feed-two-ops": "is not contiguous"}
+# The export runs each scenario it writes and keeps it only when its outputs equal the
+# program's. grid-first's one-VGF scenario (the grid is the first input) computed something else
+# (1254 of 1280 values differ; the .pte itself verifies): not kept, the report says why. Open:
+# the scenario writer's binding of this VGF's inputs.
+SCENARIO_REFUSED = {"grid-first": "differ from the program's"}
 
 
 def test_vgf_scenario_same_as_runner_with_vulkan_grid_sampler(vgf: Exported) -> None:

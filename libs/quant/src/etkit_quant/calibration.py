@@ -209,14 +209,14 @@ class ObservedRange:
     @property
     def is_grid(self) -> bool:
         """A sampling grid: a grid sampler's grid input, a grid-shaped (N x H x W x 2)
-        floating-point graph input or output, or a floating-point graph input that flows only into
+        floating-point graph input, or a floating-point graph input that flows only into
         coordinate arithmetic (``coordinates``)."""
         if self.kind == "grid_sampler_grid":
             return True
         if self.kind == "input" and self.coordinates and self.dtype.is_floating_point:
             return True
         return (
-            self.kind in ("input", "output")
+            self.kind == "input"
             and self.dtype.is_floating_point
             and len(self.shape) == 4
             and self.shape[-1] == 2

@@ -464,11 +464,23 @@ def is_grid_shaped(node: Node) -> bool:
     )
 
 
+def _is_affine_grid(node: Node) -> bool:
+    """Whether ``node`` is an ``affine_grid``'s result (``affine_grid_generator``), through
+    shape ops: a sampling grid by construction. (A grid-shaped output in general is not: an
+    image 2 pixels wide is N x C x H x 2.)"""
+    while node.op == "call_function" and _is_view(node) and node.args:
+        source = node.args[0]
+        if not isinstance(source, Node):
+            return False
+        node = source
+    return is_grid_shaped(node) and _op_name(node) == "aten::affine_grid_generator"
+
+
 def _only_feeds_grid(node: Node, user: Node, positions: set[Node]) -> bool:
     if user in positions:
         return True
-    if user.op == "output":  # a grid the program returns (an affine_grid, a flow grid)
-        return is_grid_shaped(node)
+    if user.op == "output":  # a grid the program returns: an affine_grid's, as it is
+        return _is_affine_grid(node)
     if is_grid_sampler(user):
         image = user.args[0]
         return len(user.args) > 1 and user.args[1] is node and image is not node

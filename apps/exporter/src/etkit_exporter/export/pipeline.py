@@ -7,6 +7,7 @@ import errno
 import functools
 import json
 import logging
+import shutil
 import signal
 import threading
 import time
@@ -31,7 +32,7 @@ from etkit_exporter.check.verdict import check_tolerance, failed_destination, ke
 from etkit_exporter.check.verify import RUNNERS, check_program_loads, verify_export
 from etkit_exporter.core.diagnostics import root_cause
 from etkit_exporter.core.errors import ExportError
-from etkit_exporter.core.io_params import io_table, with_pte_layouts
+from etkit_exporter.core.io_params import io_table, program_input, with_pte_layouts
 from etkit_exporter.core.version import __version__
 from etkit_exporter.export.activation_bounds import keep_activation_bounds
 from etkit_exporter.export.arguments import (
@@ -58,6 +59,9 @@ from etkit_exporter.export.lowering import (
 )
 from etkit_exporter.export.provenance import shared_provenance
 from etkit_exporter.export.quantization import boundary_quantizer
+from etkit_exporter.programs import load_program
+from etkit_exporter.vgf.scenario import run_scenario
+from etkit_exporter.vgf.scenario_format import SCENARIO_DIR
 from etkit_exporter.vgf.scenario_writer import export_scenario
 from etkit_gridsampler import GridSamplerBackend, GridSamplerPartitioner
 from etkit_gridsampler.call_sites import check_call_sites
@@ -355,6 +359,8 @@ def _run(
     if scenario:  # the whole program as one Vulkan scenario (docs/scenario.md)
         with stages.stage("scenario"):
             scenario_section = export_scenario(work, inputs, io_params)
+            if scenario_section.get("written"):
+                scenario_section = _checked_scenario(work, inputs, io_params, scenario_section)
     report = _report(
         lowered, quantized, quant, target, io_params, verification, scenario_section,
         float_section, intermediates, stages,
@@ -446,6 +452,36 @@ def _quantize(
                 logger.warning("saturation: %s", record.message())
         saturations += clipped
     return _Quantized(exported, converted, quantizer, partitioner, spec, saturations, coordinates)
+
+
+def _checked_scenario(
+    work: Path,
+    inputs: tuple[torch.Tensor, ...],
+    io_params: dict[str, Any],
+    section: dict[str, Any],
+) -> dict[str, Any]:
+    """The written scenario run on the example inputs against the program run by etkit's
+    runner: a scenario whose outputs differ in any byte is removed (this export wrote it) and
+    the report says so, with the numbers; never a scenario known to compute something else."""
+    args = [program_input(x, e) for x, e in zip(inputs, io_params["inputs"], strict=True)]
+    expected = [o.contiguous() for o in load_program(work / "model.pte").run(args).outputs]
+    got = run_scenario(work / SCENARIO_DIR, args)
+    differing = []
+    for index, (a, b) in enumerate(zip(expected, got, strict=True)):
+        b_tensor = torch.from_numpy(b.copy())
+        if a.shape != b_tensor.shape or not torch.equal(a, b_tensor.to(a.dtype)):
+            count = int((a != b_tensor.reshape(a.shape)).sum()) if a.numel() == b.size else -1
+            differing.append(f"output {index}: {count} of {a.numel()} values")
+    section["checked"] = "the scenario's outputs equal the program's on the example inputs"
+    if not differing:
+        return section
+    shutil.rmtree(work / SCENARIO_DIR)
+    reason = (
+        "no scenario: the written scenario's outputs differ from the program's on the example "
+        "inputs (" + "; ".join(differing) + "): not kept"
+    )
+    logger.warning("%s", reason)
+    return {"written": False, "reason": reason, "refused": [reason]}
 
 
 @dataclass
