@@ -257,9 +257,7 @@ def drop_metadata_asserts(module: GraphModule) -> list[str]:
         elif name in _CONVERSIONS and _is_identity_conversion(node):
             source = node.args[0]
             assert isinstance(source, Node)
-            node.replace_all_uses_with(source)
-            removed.append(node.name)
-            module.graph.erase_node(node)
+            _replace(node, source, removed)
     if removed:
         module.recompile()
     return removed
@@ -295,9 +293,7 @@ def merge_duplicates(module: GraphModule) -> list[str]:
         if earlier is None:
             seen[key] = node
             continue
-        node.replace_all_uses_with(earlier)
-        merged.append(node.name)
-        module.graph.erase_node(node)
+        _replace(node, earlier, merged)
     if merged:
         module.recompile()
     return merged
@@ -360,12 +356,17 @@ def drop_noop_views(module: GraphModule) -> list[str]:
             same = same and (node.args[4] if len(node.args) > 4 else 1) == 1
         if not same:
             continue
-        node.replace_all_uses_with(source)
-        removed.append(node.name)
-        module.graph.erase_node(node)
+        _replace(node, source, removed)
     if removed:
         module.recompile()
     return removed
+
+
+def _replace(node: Node, by: Node, names: list[str]) -> None:
+    """``node``'s uses read ``by`` instead; ``node`` leaves the graph, its name in ``names``."""
+    node.replace_all_uses_with(by)
+    names.append(node.name)
+    node.graph.erase_node(node)
 
 
 def _is_identity_conversion(node: Node) -> bool:
