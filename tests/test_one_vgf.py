@@ -211,3 +211,51 @@ def test_sampler_whose_operands_all_come_from_outside_the_vgf_stays_in_the_vgf(
     assert paths[0][0] == OWN_DELEGATE and "not a multiple of 4" in str(paths[0][1])
     assert result.verification is not None
     assert result.verification["verdict"]["result"] == "pass"
+
+
+def _warp(x: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
+    """RIFE's ``warp()``: a base grid built on every call, the flow in pixels added to it."""
+    n, _, h, w = flow.shape
+    horizontal = torch.linspace(-1.0, 1.0, w).view(1, 1, 1, w).expand(n, -1, h, -1)
+    vertical = torch.linspace(-1.0, 1.0, h).view(1, 1, h, 1).expand(n, -1, -1, w)
+    grid = torch.cat([horizontal, vertical], 1)
+    flow = torch.cat([flow[:, 0:1] / ((w - 1.0) / 2.0), flow[:, 1:2] / ((h - 1.0) / 2.0)], 1)
+    grid = (grid + flow).permute(0, 2, 3, 1)
+    return F.grid_sample(x, grid, padding_mode="border", align_corners=True)
+
+
+class _TwinWarps(torch.nn.Module):
+    """One flow warping a frame and a feature map (RIFE's IFNet does this at every level): the
+    sampling grid is built twice, op for op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flow = torch.nn.Conv2d(8, 2, 3, padding=1)
+        self.feat = torch.nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flow = self.flow(x) * 4.0
+        return _warp(x[:, :4], flow) + _warp(self.feat(x[:, 4:]), flow)
+
+
+@pytest.mark.parametrize("sampler_delegate", [False, True], ids=["one-vgf", "split"])
+def test_one_flow_warping_two_tensors_verifies(sampler_delegate: bool, tmp_path: Path) -> None:
+    """Before: Arm merged the twin grids after partitioning and the split program's first VGF
+    wrote one of its two grid outputs (14.4 dB from PT2E); the one-VGF program left
+    model-converter a graph segment with no result (exit 255). The twins now merge before
+    quantization and the compute segments are scheduled in waves."""
+    torch.manual_seed(0)
+    model = _TwinWarps().eval()
+    inputs = (torch.rand(1, 8, 16, 24, generator=torch.Generator().manual_seed(1)) * 2 - 1,)
+    result = export_model(
+        model, inputs, artifacts_root=tmp_path / "twins", verify=True,
+        sampler_delegate=sampler_delegate,
+    )  # fmt: skip
+    assert result.verification is not None
+    verdict = result.verification["verdict"]
+    assert verdict["result"] == "pass"
+    assert verdict["outputs"][0]["psnr_db"] >= 60.0
+    paths = [p["path"] for p in result.report["grid_sampler_paths"]]
+    assert paths == [OWN_DELEGATE if sampler_delegate else IN_VGF] * 2
+    if not sampler_delegate:
+        assert _backends(result) == ["VgfBackend"]

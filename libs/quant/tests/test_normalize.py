@@ -356,3 +356,32 @@ def test_twin_computations_merge_pads_of_nothing_go_and_random_draws_stay() -> N
     torch.manual_seed(3)
     for a, b in zip(normalized.module()(x), expected, strict=True):
         assert torch.equal(a, b)
+
+
+class _TwinGrids(torch.nn.Module):
+    """RIFE's ``warp()`` twice on one flow: each call builds its own base grid (two equal
+    constants) and adds the same flow to it; a third sum adds a different constant."""
+
+    def forward(self, flow: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def base() -> torch.Tensor:
+            return torch.linspace(-1.0, 1.0, 6).view(1, 1, 1, 6).expand(1, 2, 5, 6)
+
+        other = torch.linspace(-1.0, 0.5, 6).view(1, 1, 1, 6).expand(1, 2, 5, 6)
+        return (base() + flow) * 2, (base() + flow) * 2, other + flow
+
+
+def test_twins_reading_equal_constants_merge_and_each_constant_keeps_one_use() -> None:
+    flow = torch.rand(1, 2, 5, 6, generator=torch.Generator().manual_seed(0))
+    program = torch.export.export(_TwinGrids(), (flow,), strict=True)
+    normalized, report = normalize_program(program, (flow,))
+    after = _ops(normalized)
+    assert after.count("aten::add.Tensor") == 2  # the twins' sum once, the other constant's
+    assert after.count("aten::mul.Tensor") == 1
+    assert report.steps["merge_duplicates"] == 2
+    module = normalized.module()
+    constants = [n for n in module.graph.nodes if n.op == "get_attr"]
+    assert len(constants) == 2 and all(len(n.users) == 1 for n in constants)
+    outputs = module(flow)
+    for a, b in zip(outputs, _TwinGrids()(flow), strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(outputs[0] / 2, outputs[2])

@@ -25,14 +25,15 @@ what it computes (each is tested for exact equality on the float model):
   of its outputs is lowered by ExecuTorch 1.5.1's Arm backend with the alias removed: two VGF
   outputs of one tensor, one of which the VGF never writes (a fuzzer find: zeros read as the
   program's value, 17.5 dB);
-- ``merge_duplicates``: nodes that compute the same op on the same arguments, from the
-  graph's inputs, become one (common subexpression elimination; random ops excepted; constant
-  subgraphs are left to ``fold_constants``). ExecuTorch 1.5.1's Arm backend merges such twins
-  after partitioning (``FuseDuplicateUsersPass``), and a VGF whose outputs were both twins
-  writes one of them: the next delegate read zeros (the fuzzer's seed 2224, ``sigmoid(x)``
-  computed twice: -36 dB);
 - ``fold_constants``: every subgraph that depends on no graph input (a fixed matrix's inverse, a
   base grid, a constant grid) is computed once and becomes one constant;
+- ``merge_duplicates``: nodes that compute the same op on the same arguments, from the
+  graph's inputs, become one (common subexpression elimination; random ops excepted; two
+  constants holding equal values count as the same argument, but stay two constants).
+  ExecuTorch 1.5.1's Arm backend merges such twins after partitioning
+  (``FuseDuplicateUsersPass``), and a VGF whose outputs were both twins writes one of them: the
+  next delegate read zeros (the fuzzer's seed 2224, ``sigmoid(x)`` computed twice: -36 dB;
+  class P, RIFE's ``warp()`` building one flow's sampling grid twice from two base grids);
 - ``tensor_scalars``: a scalar op (``eq.Scalar``, ``add.Scalar``, ...) on a 0-dim tensor becomes
   its tensor form with a 0-dim constant (ExecuTorch's Arm quantizer turns the scalar into a
   1-element tensor of shape [1], which changes the result's shape);
@@ -173,8 +174,8 @@ def normalize_program(
     report.record("functional_activations", functional_activations(module))
     report.record("drop_metadata_asserts", drop_metadata_asserts(module))
     report.record("drop_noop_views", drop_noop_views(module))
-    report.record("merge_duplicates", merge_duplicates(module))
     report.record("fold_constants", fold_constants(module))
+    report.record("merge_duplicates", merge_duplicates(module))
     report.record("tensor_scalars", tensor_scalars(module))
     report.record("ranked_scalar_constants", ranked_scalar_constants(module))
     if not report.changed:
@@ -266,15 +267,18 @@ def drop_metadata_asserts(module: GraphModule) -> list[str]:
 def merge_duplicates(module: GraphModule) -> list[str]:
     """Replaces each node that repeats an earlier node's op and arguments (after the earlier
     merges) by that node, in a graph without in-place ops. Only nodes that depend on a graph
-    input: constant subgraphs are folded (``fold_constants``), one constant per use, since a
-    constant shared by two partitions fails ExecuTorch 1.5.1's Arm lowering (``KeyError`` in
-    ``deduplicate_get_attr_pass``). Random ops (``torch.rand``, dropout), impure nodes and
-    nodes with tensor arguments are never merged. Returns the names of the merged nodes."""
+    input are merged; a ``get_attr`` constant is compared by its value (dtype, shape and
+    elements), so ``x + base`` and ``x + base_copy`` merge, but constants themselves stay one per
+    use, since a constant shared by two partitions fails ExecuTorch 1.5.1's Arm lowering
+    (``KeyError`` in ``deduplicate_get_attr_pass``). Random ops (``torch.rand``, dropout), impure
+    nodes and nodes with tensor arguments are never merged. Returns the names of the merged
+    nodes."""
     if any(_mutates(n) for n in module.graph.nodes):
         return []
     seen: dict[tuple[Any, ...], Node] = {}
     merged: list[str] = []
     variable: set[Node] = set()  # nodes that depend on a graph input
+    constants = _ConstantClasses(module)
     for node in list(module.graph.nodes):
         if node.op == "placeholder" or any(a in variable for a in node.all_input_nodes):
             variable.add(node)
@@ -285,7 +289,7 @@ def merge_duplicates(module: GraphModule) -> list[str]:
         ):
             continue
         try:
-            key = (node.target, _key(node.args), _key(node.kwargs))
+            key = (node.target, _key(node.args, constants), _key(node.kwargs, constants))
             hash(key)
         except TypeError:
             continue
@@ -295,18 +299,55 @@ def merge_duplicates(module: GraphModule) -> list[str]:
             continue
         _replace(node, earlier, merged)
     if merged:
+        module.graph.eliminate_dead_code()
+        _drop_unused_constants(module)
         module.recompile()
     return merged
 
 
-def _key(value: object) -> object:
-    """``value`` as a dictionary key (nodes by identity); tensors are not compared."""
+class _ConstantClasses:
+    """Numbers ``get_attr`` constants so that two holding equal tensors get the same number."""
+
+    def __init__(self, module: GraphModule) -> None:
+        self._module = module
+        self._numbers: dict[Node, int] = {}
+        self._representatives: list[torch.Tensor] = []
+
+    def number(self, node: Node) -> int | None:
+        """The class of ``node``'s value, or None for a node that is not a tensor constant."""
+        if node.op != "get_attr":
+            return None
+        if node not in self._numbers:
+            value = _attribute(self._module, str(node.target))
+            if not isinstance(value, torch.Tensor):
+                return None
+            for index, other in enumerate(self._representatives):
+                if (
+                    other.dtype == value.dtype
+                    and other.shape == value.shape
+                    and other.device == value.device
+                    and torch.equal(other, value)
+                ):
+                    self._numbers[node] = index
+                    break
+            else:
+                self._numbers[node] = len(self._representatives)
+                self._representatives.append(value)
+        return self._numbers[node]
+
+
+def _key(value: object, constants: _ConstantClasses) -> object:
+    """``value`` as a dictionary key: nodes by identity, tensor constants by value; tensor
+    arguments are not compared."""
     if isinstance(value, torch.Tensor):
         raise TypeError("tensor arguments are not compared")
+    if isinstance(value, Node):
+        number = constants.number(value)
+        return value if number is None else ("constant", number)
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_key(v) for v in value))
+        return (type(value).__name__, tuple(_key(v, constants) for v in value))
     if isinstance(value, dict):
-        return tuple(sorted((k, _key(v)) for k, v in value.items()))
+        return tuple(sorted((k, _key(v, constants)) for k, v in value.items()))
     return value
 
 

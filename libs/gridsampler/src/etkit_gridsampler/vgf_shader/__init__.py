@@ -7,7 +7,8 @@ on the GPU and nothing of etkit is needed on the device.
   tensor or baked into a per-call-site shader) and ``validate``, its check against the SPIR-V;
 - ``spirv``: what a SPIR-V compute shader declares (bindings, descriptor types, block sizes);
 - ``lowering``: ``VgfSamplerPartitioner`` (which samplers stay in the VGF) and
-  ``sampler_lowering`` (the rewrite pass, run before the Arm backend's own grid-sampler passes);
+  ``sampler_lowering`` (the rewrite pass, run before the Arm backend's own grid-sampler passes)
+  and ``schedule_segments`` (the wave order model-converter cuts segments from);
 - ``_arm``: the Arm-backend interfaces this needs, some private, with the version check.
 
 Importing this package does not import the Arm backend; ``sampler_lowering`` does.
@@ -19,6 +20,7 @@ from etkit_gridsampler.vgf_shader.lowering import (
     SamplerPath,
     VgfSamplerPartitioner,
     sampler_lowering,
+    schedule_segments,
     vgf_reason,
 )
 from etkit_gridsampler.vgf_shader.payload import (
@@ -53,6 +55,7 @@ __all__ = [
     "byte_size_reason",
     "reflect",
     "sampler_lowering",
+    "schedule_segments",
     "validate",
     "vgf_reason",
 ]

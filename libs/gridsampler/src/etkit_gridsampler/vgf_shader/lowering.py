@@ -214,6 +214,48 @@ def _set_val(node: Node, value: Any) -> None:
 
 
 @cache
+def _is_compute(node: Node) -> bool:
+    """A node model-converter makes a compute segment of: a Vulkan custom-shader ``CUSTOM`` op
+    (etkit's or upstream's), or the ``getitem`` that reads its result."""
+    if node.target is operator.getitem and isinstance(node.args[0], Node):
+        node = node.args[0]
+    return node.op == "call_function" and node.kwargs.get("domain_name") == DOMAIN
+
+
+def schedule_segments(graph: torch.fx.Graph) -> bool:
+    """Orders ``graph``'s nodes in waves, so that model-converter cuts the fewest segments and
+    never an empty one: every graph op as early as its inputs allow, every compute op right
+    after the graph ops it reads, and a graph op that reads a compute result only after every
+    compute op of that wave. model-converter 0.11 numbers segments in op order and then moves
+    an op whose only users lie in a later graph segment into that segment: with two samplers
+    that do not read each other (two tensors warped by one flow), a graph op between them
+    that only the output reads left its segment empty, and model-converter exits 255
+    ("'spirv.ARM.Graph' op there should be at least one result"). Keeps the order of nodes
+    within a wave (a topological order stays one). Returns whether anything moved."""
+    levels: dict[Node, int] = {}
+    for node in graph.nodes:
+        compute = _is_compute(node)
+        level = 1 if compute else 0
+        for parent in node.all_input_nodes:
+            above = levels.get(parent, 0)
+            if _is_compute(parent) and not compute:
+                above += 1  # a graph op after a compute op: the next graph wave
+            elif compute and not _is_compute(parent) and above % 2 == 0:
+                above += 1  # a compute op after a graph op: that wave's compute wave
+            level = max(level, above)
+        levels[node] = level
+    if sum(1 for n in levels if _is_compute(n) and n.target is not operator.getitem) < 2:
+        return False  # one compute segment: model-converter cuts at most three
+    nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
+    ordered = sorted(nodes, key=lambda n: levels[n])  # stable: the old order within a wave
+    if ordered == nodes:
+        return False
+    output = next(n for n in graph.nodes if n.op == "output")
+    for node in ordered:
+        output.prepend(node)
+    return True
+
+
 def _pass_classes() -> tuple[type, type]:
     """The rewrite pass, an ``ArmPass`` (built on first use: importing etkit_gridsampler must
     not import the Arm backend)."""
@@ -423,6 +465,9 @@ def _pass_classes() -> tuple[type, type]:
                     raise PayloadError(f"etkit compute segment {key} lost its payload")
                 node.kwargs = {**node.kwargs, "implementation_attrs": self.pending[key]}
                 modified = True
+            if modified and schedule_segments(graph_module.graph):
+                graph_module.graph.lint()
+                graph_module.recompile()
             return PassResult(graph_module, modified)
 
     return RewriteEtkitGridSamplerPass, FinalizeEtkitSegmentsPass
