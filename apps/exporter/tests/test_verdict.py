@@ -115,6 +115,24 @@ def test_a_few_steps_everywhere_fails_though_psnr_is_high() -> None:
     assert any("mean error" in r for r in judged["reasons"])
 
 
+def test_a_few_logits_rounding_one_way_pass_and_a_picture_shifted_so_does_not() -> None:
+    """The fuzzer's seed 2218 (XNNPACK): two logits of a batch of two after a global average
+    pool, 38.7 dB, one value two steps down and one a step down (mean -0.75). Rounding, not a
+    shift: the mean of four differences wanders by half a step. The same mean over a picture
+    is a shift."""
+    logits = torch.tensor([[0.81, -0.62], [0.05, -0.94]])
+    off = torch.tensor([[-2, -1], [0, 0]]) * STEP
+    judged = judge_tensor(logits + off, logits, STEP, VerifyTolerance())
+    assert judged["mean_steps"] == -0.75 and judged["psnr_db"] > 36 and judged["passes"], judged
+    picture = _smooth((1, 1, 16, 16), seed=7) * 2 - 1
+    generator = torch.Generator().manual_seed(8)
+    down = torch.rand(picture.shape, generator=generator) < 0.75
+    shifted = judge_tensor(picture - down * STEP, picture, STEP, VerifyTolerance())
+    assert not shifted["passes"] and shifted["reasons"] == [
+        r for r in shifted["reasons"] if r.startswith("mean error")
+    ], shifted
+
+
 def test_one_step_on_a_tensor_spanning_few_steps_passes_and_two_do_not() -> None:
     """A correlation lookup whose values span 6 steps, one step off at random places, is 33 dB
     from its reference: rounding, so it passes; the same places 2 steps off fail on PSNR."""
