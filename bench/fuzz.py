@@ -75,6 +75,8 @@ def worker(pairs: list[tuple[int, str]], out: Path, shrink_budget: int) -> None:
         }
         if "program" in outcome.details:  # delegates, sampler paths, ops outside
             record["program"] = outcome.details["program"]
+        if outcome.details.get("accepted"):  # outputs passed as accumulated rounding
+            record["accepted"] = outcome.details["accepted"]
         if outcome.kind == "failed_verification":
             record["failures"] = json.loads(
                 json.dumps(outcome.details.get("failures"), default=str)
@@ -199,6 +201,14 @@ def tally(records: list[dict[str, Any]], targets: tuple[str, ...]) -> str:
         mine = [r for r in records if r["target"] == target]
         counts = Counter(r["kind"] for r in mine)
         lines.append(f"{target:<9}{len(mine):>7}" + "".join(f"{counts[k]:>21}" for k in kinds))
+    for target in targets:
+        rounded = [r for r in records if r["target"] == target and r.get("accepted")]
+        if rounded:
+            seeds = ", ".join(str(r["seed"]) for r in rounded)
+            lines.append(
+                f"{target}: {len(rounded)} verified as accumulated rounding (as close to the "
+                f"float model as PT2E): seeds {seeds}"
+            )
     refusals = Counter(r["message"] for r in records if r["kind"] == "refused")
     if refusals:
         lines.append("refusals:")

@@ -731,9 +731,13 @@ def classify_model(
             seconds,
             {"comparisons": verification["comparisons"]},
         )
-    return Outcome(
-        "verified", "", "", seconds, {"stages": dict(stages), "program": program_shape(result)}
-    )
+    accepted = [
+        o["output"]
+        for o in (verification.get("verdict") or {}).get("outputs", [])
+        if o.get("accepted")
+    ]
+    details = {"stages": dict(stages), "program": program_shape(result), "accepted": accepted}
+    return Outcome("verified", "", "", seconds, details)
 
 
 def program_shape(result: Any) -> dict[str, Any]:

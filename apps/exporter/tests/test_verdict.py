@@ -55,8 +55,12 @@ def _smooth(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 
 
 def test_tolerance_text_round_trips_and_keeps_defaults() -> None:
-    tolerance = parse_tolerance("psnr=30, steps=4,fraction=5%")
-    assert tolerance == VerifyTolerance(min_psnr_db=30, steps=4, max_fraction=0.05)
+    tolerance = parse_tolerance("psnr=30, steps=4,fraction=5%,float-margin=0.5")
+    assert tolerance == VerifyTolerance(
+        min_psnr_db=30, steps=4, max_fraction=0.05, float_margin_db=0.5
+    )
+    off = parse_tolerance("float-margin=off")
+    assert off.float_margin_db is None and parse_tolerance(off.text()) == off
     assert parse_tolerance(tolerance.text()) == tolerance
     assert parse_tolerance("") == VerifyTolerance()
 
@@ -192,6 +196,44 @@ def test_outputs_verdict_names_the_failing_output() -> None:
     assert verdict["tolerance"]["min_psnr_db"] == VerifyTolerance().min_psnr_db
 
 
+def _rounded(values: torch.Tensor, seed: int, spread: float) -> torch.Tensor:
+    """``values`` with a rounding walk of ``spread`` steps (std) added, in int8 steps: one
+    quantized realization of a deep network."""
+    generator = torch.Generator().manual_seed(seed)
+    return (
+        torch.round(values / STEP + spread * torch.randn(values.shape, generator=generator)) * STEP
+    )
+
+
+def test_accumulated_rounding_passes_and_a_wrong_or_shifted_program_does_not() -> None:
+    """Eight residual blocks (the RIFE IFBlock's, measured: the VGF program 44.0 dB and 13.3 %
+    of values more than 2 steps from PT2E, 45.8 dB from the float model, PT2E 46.1 dB): the
+    program and the PT2E model are two roundings of the float model, equally far from it and
+    further from each other. A program with an error of its own is further from the float
+    model; a shifted one is biased: both fail."""
+    real = _smooth((1, 8, 16, 16), seed=9) * 2 - 1
+    model, program = _rounded(real, 10, 1.6), _rounded(real, 11, 1.6)
+    entries = [{"scale": STEP}]
+    alone = judge_outputs([program], [model], entries, VerifyTolerance())
+    assert alone["result"] == "fail"  # the step rules alone
+    verdict = judge_outputs([program], [model], entries, VerifyTolerance(), float_references=[real])
+    (output,) = verdict["outputs"]
+    assert verdict["result"] == "pass", output
+    assert output["fraction_over"] > 0.1 and "accumulated rounding" in output["accepted"]
+    assert output["psnr_vs_float_db"] >= output["reference_psnr_vs_float_db"] - 1
+    wrong = _rounded(program, 12, 1.6)  # its own error on top
+    verdict = judge_outputs([wrong], [model], entries, VerifyTolerance(), float_references=[real])
+    assert verdict["result"] == "fail" and "accepted" not in verdict["outputs"][0]
+    shifted = program + 2 * STEP
+    verdict = judge_outputs([shifted], [model], entries, VerifyTolerance(), float_references=[real])
+    assert verdict["result"] == "fail" and verdict["outputs"][0]["biased"]
+    strict = VerifyTolerance(float_margin_db=0.0)
+    farther = judge_outputs(
+        [_rounded(real, 13, 1.75)], [model], entries, strict, float_references=[real]
+    )
+    assert farther["result"] == "fail"  # a little further from the float model than PT2E
+
+
 # -- a failed verification, end to end (etkit-export) -----------------------------------------
 
 
@@ -203,7 +245,7 @@ def failed_cli(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     out = cwd / "warp"
     done = _cli(
         "demo", "flow-warp", "-t", "xnnpack", "--out", str(out),
-        "--verify-tolerance", "steps=0,fraction=0",
+        "--verify-tolerance", "steps=0,fraction=0,float-margin=off",
         cwd=cwd,
     )  # fmt: skip
     return out, done
@@ -245,7 +287,7 @@ def test_export_toml_holds_no_absolute_path(failed_cli: tuple[Path, Any]) -> Non
     out, _ = failed_cli
     config = (failed_folder(out) / "export.toml").read_text()
     assert str(out.parent) not in config and "out =" not in config
-    assert 'verify-tolerance = "steps=0,fraction=0"' in config
+    assert 'verify-tolerance = "steps=0,fraction=0,float-margin=off"' in config
 
 
 def test_earlier_failed_export_replaced_only_with_force(failed_cli: tuple[Path, Any]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from etkit_exporter.artifact.float_ops import markdown as float_ops_markdown
-from etkit_exporter.artifact.verdict_text import verdict_lines
+from etkit_exporter.artifact.verdict_text import accepted_lines, verdict_lines
 from etkit_exporter.core.backend_ids import GRID_SAMPLER_BACKEND
 from etkit_exporter.vgf.scenario_writer import scenario_markdown
 from etkit_gridsampler import delegate_format
@@ -389,9 +389,18 @@ def verdict_markdown(verdict: dict[str, Any] | None, *, top: bool) -> list[str]:
         f"{100 * tolerance.get('max_fraction', 0):g} % of values more than "
         f"{tolerance.get('steps', 0):g} steps (float outputs: "
         f"{100 * tolerance.get('float_error', 0):g} % of the range) off, mean error within "
-        f"{tolerance.get('max_bias_steps', 0):g} steps.",
+        f"{tolerance.get('max_bias_steps', 0):g} steps"
+        + (
+            "."
+            if tolerance.get("float_margin_db") is None
+            else "; or, unbiased, as close to the float model as the PT2E model is (within "
+            f"{tolerance['float_margin_db']:g} dB)."
+        ),
         "",
     ]
+    accepted = accepted_lines(verdict)
+    if accepted:
+        lines += [*[f"- {line}" for line in accepted], ""]
     calls = verdict.get("delegate_calls")
     if calls:
         lines += [

@@ -11,9 +11,9 @@ QUANTIZED_REFERENCE: Final = "quantized PT2E model"
 
 
 def verdict_lines(verdict: Mapping[str, Any]) -> list[str]:
-    """One line per fact of a failed verdict: each failing output (by how much), where the
-    program first diverges."""
-    lines = []
+    """One line per fact of a verdict: each output passed as accumulated rounding, each failing
+    output (by how much), where the program first diverges."""
+    lines = accepted_lines(verdict)
     for o in verdict.get("outputs", []):
         if o.get("passes", True):
             continue
@@ -33,6 +33,20 @@ def verdict_lines(verdict: Mapping[str, Any]) -> list[str]:
             "first divergence: "
             + str(verdict.get("localization_note") or "no delegate call's output could be compared")
         )
+    return lines
+
+
+def accepted_lines(verdict: Mapping[str, Any]) -> list[str]:
+    """One line per output that passed as accumulated rounding (outside the PSNR or share rule
+    against the PT2E model, as close to the float model as that model is)."""
+    lines = []
+    for o in verdict.get("outputs", []):
+        if o.get("accepted"):
+            lines.append(
+                f"output {o['output']} vs the {QUANTIZED_REFERENCE}: {_db_text(o.get('psnr_db'))}; "
+                + "; ".join(o.get("rounding_reasons", []))
+                + f"; passes: {o['accepted']}"
+            )
     return lines
 
 

@@ -311,6 +311,7 @@ def verify_run(
         io_params["outputs"],
         judged_by,
         float_export=float_export,
+        float_references=references["float model"],
     )
     return VerifiedRun(verification, inputs, [y.clone() for y in raw], calls)
 

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from etkit_exporter.artifact.verdict_text import accepted_lines
 from etkit_exporter.cli.config import CONFIG_NAME, OPTIONS, render_config
 from etkit_exporter.cli.main import ArgumentParser, quiet_third_party_noise
 from etkit_exporter.cli.main import version_line as _version_line
@@ -504,6 +505,7 @@ def _summary(result: Any, seconds: float) -> str:
                 + ("inf (identical)" if c["psnr_db"] is None else f"{c['psnr_db']:.2f} dB")
                 + steps
             )
+        lines += [f"  {line}" for line in accepted_lines(verdict)]
     lines.append("artifacts:")
     names = ("model.pte", "model.bpte", "io_quant_params.json", "report.json", "report.md",
              "export.toml")  # fmt: skip
