@@ -426,3 +426,34 @@ def test_etkit_run_scenario_writes_what_run_scenario_returns(exported: Any, tmp_
         )  # fmt: skip
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert not (tmp_path / "x").exists()
+
+
+class _RemapGridFirst(torch.nn.Module):
+    """``remap(grid, image)`` with an RGBA image given as an input."""
+
+    def forward(self, grid: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.grid_sample(image, grid, align_corners=False)
+
+
+@pytest.mark.parametrize(("width", "image"), [(24, False), (32, True)])
+def test_an_input_image_aliases_only_rows_without_padding(
+    width: int, image: bool, tmp_path: Path
+) -> None:
+    """A 24-pixel RGBA input row is 96 bytes, which a linear image on lavapipe lays at a
+    128-byte pitch, and the VGF read the aliased input as if packed: 1254 of 1280 scenario
+    outputs were wrong (the export then refused its scenario). Such an input gets no image and
+    the scenario is kept; a 32-pixel row (128 bytes) keeps its image."""
+    torch.manual_seed(5)
+    inputs = (torch.rand(1, 16, 20, 2) * 2 - 1, torch.rand(1, 4, 24, width) * 2 - 1)
+    result = export_model(
+        _RemapGridFirst().eval(), inputs, artifacts_root=tmp_path / "remap", target="vgf",
+        scenario=True,
+    )  # fmt: skip
+    section = result.report["scenario"]
+    assert section.get("written"), section.get("reason")
+    sidecar = json.loads((result.artifacts_root / SCENARIO_DIR / SIDECAR_JSON).read_text())
+    texture = sidecar["inputs"][1]["texture"]
+    if image:
+        assert texture["image"] is not None, texture
+    else:
+        assert texture["image"] is None and "not a multiple of 64" in texture["why_no_image"]

@@ -10,7 +10,7 @@ import math
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 import torch
@@ -47,6 +47,12 @@ from etkit_gridsampler import vulkan
 from etkit_gridsampler.delegate_format import DelegateFormatError, decode
 from etkit_gridsampler.plan import UnsupportedOpError
 from etkit_pterunner import DelegateInfo, MethodInfo, TensorInfo, dtype_name
+
+# A linear image's row pitch on lavapipe (measured: RGBA rows of 64, 128 and 192 bytes alias
+# their tensor as it is; rows of 32, 96 and 160 bytes lie at a larger pitch). An image aliases
+# an input tensor only where its rows need no padding (a VGF writes an output tensor through
+# its strides, and reads an input as if packed).
+IMAGE_ROW_ALIGNMENT: Final = 64
 
 
 class ScenarioBuilder:
@@ -677,6 +683,15 @@ class ScenarioBuilder:
             elif info.sizes[0] != 1:
                 described["why_no_image"] = (
                     f"batch {info.sizes[0]}: an image holds one plane; alias each batch element"
+                )
+            elif (
+                kind == "inputs"
+                and (row := info.nbytes // (info.sizes[0] * info.sizes[2])) % IMAGE_ROW_ALIGNMENT
+            ):
+                described["why_no_image"] = (
+                    f"its rows are {row} bytes, not a multiple of {IMAGE_ROW_ALIGNMENT}: a "
+                    "linear image lays them at a larger pitch, and the VGF reads an input "
+                    "tensor so aliased as if packed (docs/scenario.md)"
                 )
             elif any(r.kind == "buffer" for r in storage.resources):
                 described["why_no_image"] = (
