@@ -5,6 +5,7 @@ is found at its own delegate; a program the runtime refuses is named with its re
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from etkit_exporter import VerifyTolerance, export_model
 from etkit_exporter.artifact.staging import MANIFEST, foreign_content
 from etkit_exporter.check.verdict import (
+    VerificationError,
     failed_folder,
     judge_outputs,
     judge_tensor,
@@ -390,6 +392,7 @@ def test_sabotaged_grid_sampler_fails_at_its_delegate(flow_warp_vgf: Any, tmp_pa
     assert divergence["backend"] == "GridSamplerBackend", verdict["delegate_calls"]
     assert divergence["max_steps"] >= 4
     assert "grid_sample" in (divergence.get("source") or ""), divergence
+    assert divergence["own_inputs"]["passes"] is False  # wrong on its own inputs: starts here
     calls = verdict["delegate_calls"]
     before = calls[: next(k for k, c in enumerate(calls) if c.get("first_failing"))]
     assert any(c["backend"] == "VgfBackend" and c.get("passes") for c in before), calls
@@ -503,3 +506,30 @@ def test_out_name_too_long_is_a_one_line_usage_error(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "choose a name of at most" in done.stderr
+
+
+def test_a_call_off_only_against_pt2e_values_is_told_apart_from_a_wrong_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fuzzer's class N (seed 1070, XNNPACK): a nearest sampler at a theta computed by an
+    XNNPACK mean and linear (55.9 dB from PT2E's theta) picks other pixels where the grid is
+    near a pixel boundary: the output fails (27.6 dB), and the first call off is etkit's
+    sampler. On its own inputs (the quantized model's ops run on the program's values upstream)
+    the sampler is exact, and so is every call: the divergence says so."""
+    spec = importlib.util.spec_from_file_location(
+        "n_case", Path(__file__).parents[3] / "bench/fuzz_findings/N-xnnpack-nearest-after-theta.py"
+    )
+    assert spec is not None and spec.loader is not None
+    case = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "n_case", case)  # torch.export reads its source
+    spec.loader.exec_module(case)
+    with pytest.raises(VerificationError) as caught:
+        export_model(
+            case.ModelUnderTest, case.ModelInputs, artifacts_root=tmp_path / "n",
+            target="xnnpack", verify=True,
+        )  # fmt: skip
+    divergence = caught.value.divergence
+    assert divergence is not None and divergence["backend"] == "GridSamplerBackend"
+    assert divergence["own_inputs"]["passes"] and divergence["own_inputs"]["max_steps"] == 0
+    assert divergence["first_wrong_on_own_inputs"] is None
+    assert "carries and amplifies a difference from upstream" in str(caught.value)

@@ -410,7 +410,7 @@ def verdict_markdown(verdict: dict[str, Any] | None, *, top: bool) -> list[str]:
         ]
         lines += _table(
             ["instruction", "backend", "ops", "output node", "PSNR dB", "steps max",
-             "beyond tolerance", "verdict"],
+             "beyond tolerance", "verdict", "on its own inputs"],
             [
                 [
                     c["instruction"],
@@ -427,12 +427,28 @@ def verdict_markdown(verdict: dict[str, Any] | None, *, top: bool) -> list[str]:
                     else "**first to fail**"
                     if c.get("first_failing")
                     else "fails",
+                    _own_inputs(c.get("own_inputs")),
                 ]
                 for c in calls
             ],
         )  # fmt: skip
+        lines += [
+            "",
+            "On its own inputs: the call's output against the quantized model's ops run on the "
+            "program's own values upstream of it (a call that is off only against PT2E's values "
+            "carries a difference from upstream).",
+        ]
         lines.append("")
     return lines
+
+
+def _own_inputs(own: dict[str, Any] | None) -> str:
+    if own is None:
+        return ""
+    figures = _db(own.get("psnr_db"))
+    if own.get("max_steps") is not None:
+        figures += f", {own['max_steps']} steps"
+    return f"{'ok' if own.get('passes') else 'fails'} ({figures})"
 
 
 def inspection_markdown(inspection: dict[str, Any] | None) -> list[str]:

@@ -64,6 +64,24 @@ def divergence_text(divergence: Mapping[str, Any]) -> str:
         text += f" ({'; '.join(divergence['reasons'])})"
     if divergence.get("source"):
         text += f"; source: {divergence['source']}"
+    own = divergence.get("own_inputs")
+    if own is not None:
+        own_figures = _db_text(own.get("psnr_db"))
+        if own.get("max_steps") is not None:
+            own_figures += f", {own['max_steps']} steps max"
+        if own.get("passes"):
+            wrong = divergence.get("first_wrong_on_own_inputs")
+            text += (
+                f"; on its own inputs it is within tolerance ({own_figures} from the quantized "
+                "model's ops run on them): it carries and amplifies a difference from upstream; "
+                + (
+                    "no delegate call is off on its own inputs"
+                    if wrong is None
+                    else f"the first call off on its own inputs is instruction {wrong}"
+                )
+            )
+        else:
+            text += f"; on its own inputs too ({own_figures}): the difference starts here"
     return text
 
 

@@ -3,7 +3,7 @@ ETRecord's quantized graph and in its float model, run on the record's represent
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -26,6 +26,41 @@ class _Capture(torch.fx.Interpreter):
         if n.op == "call_function":
             self.values[n.name] = value
         return value
+
+
+class _Conditional(_Capture):
+    """``_Capture`` where the nodes of ``overrides`` pass on the given value (the program's)
+    after recording their own, so that each node's value is computed from the program's values
+    upstream of it."""
+
+    def __init__(self, module: torch.fx.GraphModule, overrides: Mapping[str, Any]) -> None:
+        super().__init__(module)
+        self.overrides = overrides
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        value = super().run_node(n)
+        given = self.overrides.get(n.name)
+        if (
+            isinstance(given, torch.Tensor)
+            and isinstance(value, torch.Tensor)
+            and given.numel() == value.numel()
+        ):
+            return given.reshape(value.shape).to(value.dtype)
+        return value
+
+
+def conditional_values(record: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Every call_function node's value in the ETRecord's quantized graph, run on the record's
+    representative inputs with each node named in ``overrides`` (a delegate call's output node)
+    passing on the program's value instead of its own: what the quantized model computes for
+    each node from the program's own values upstream of it."""
+    inputs = list(record._representative_inputs or [])
+    graph_map = record.graph_map or {}
+    module = graph_map.get(REFERENCE_GRAPH, record.edge_dialect_program).module()
+    capture = _Conditional(module, overrides)
+    with torch.no_grad():
+        capture.run(*inputs)
+    return capture.values
 
 
 def _capture(program: Any, inputs: Sequence[torch.Tensor]) -> tuple[dict[str, Any], Any]:

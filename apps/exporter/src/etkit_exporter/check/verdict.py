@@ -48,7 +48,11 @@ from etkit_exporter.artifact.etrecord import ETRECORD_NAME, INSTRUCTION_MAP_NAME
 from etkit_exporter.artifact.staging import check_destination
 from etkit_exporter.artifact.verdict_text import QUANTIZED_REFERENCE, verdict_lines
 from etkit_exporter.check.metrics import psnr, within_tolerance
-from etkit_exporter.check.references import quantize_qparams, reference_values
+from etkit_exporter.check.references import (
+    conditional_values,
+    quantize_qparams,
+    reference_values,
+)
 from etkit_exporter.core.errors import ExportError
 from etkit_exporter.core.io_params import program_input
 from etkit_exporter.programs.runtime import run_with_etdump
@@ -413,11 +417,20 @@ def localize(
         if delegate_calls is not None
         else _etdump_outputs(folder, record, io_params)
     )
-    rows: list[dict[str, Any]] = []
-    first: dict[str, Any] | None = None
+    calls = []
     for instruction, backend, outputs in observed:
         entry = mapping.get(str(instruction)) or {}
         names = entry.get("outputs") or []
+        outputs = list(outputs)[-len(names) :] if names else []  # an ETDump logs inputs first
+        calls.append((instruction, backend, entry, list(zip(outputs, names, strict=False))))
+    # each node computed by the quantized model from the program's own values upstream of it
+    own = conditional_values(
+        record,
+        {n: v for *_, pairs in calls for v, n in pairs if n and isinstance(v, torch.Tensor)},
+    )
+    rows: list[dict[str, Any]] = []
+    first: dict[str, Any] | None = None
+    for instruction, backend, entry, pairs in calls:
         row: dict[str, Any] = {
             "instruction": instruction,
             "backend": backend,
@@ -425,32 +438,18 @@ def localize(
             "delegate": entry.get("lowered_module"),
         }
         judged: list[dict[str, Any]] = []
-        outputs = list(outputs)[-len(names) :] if names else []  # an ETDump logs inputs first
-        for k, (value, name) in enumerate(zip(outputs, names, strict=False)):
-            reference = references.quantized.get(name) if name else None
-            if not isinstance(value, torch.Tensor) or not isinstance(reference, torch.Tensor):
-                continue
-            if value.numel() != reference.numel():
-                continue
-            qparams = quantize_qparams(references.nodes.get(name))
-            if qparams is not None and not value.dtype.is_floating_point:
-                scale, zero_point = qparams
-                actual = (value.double() - zero_point) * scale
-                expected = (reference.double() - zero_point) * scale
-                figures = judge_tensor(
-                    actual.reshape(expected.shape), expected, _judged_step(value, scale), tolerance
-                )
-            elif value.dtype.is_floating_point:
-                figures = judge_tensor(
-                    value.double().reshape(reference.shape),
-                    reference.double(),
-                    None,
-                    tolerance,
-                    float_reference=float_export,
-                )
-            else:
+        local: list[dict[str, Any]] = []
+        for k, (value, name) in enumerate(pairs):
+            node = references.nodes.get(name)
+            figures = _judge_call_output(
+                value, references.quantized.get(name), node, tolerance, float_export
+            )
+            if figures is None:
                 continue
             judged.append({"output": k, "node": name, **figures})
+            mine = _judge_call_output(value, own.get(name), node, tolerance, float_export)
+            if mine is not None:
+                local.append(mine)
         if judged:
             worst = min(judged, key=lambda j: (j["passes"], -(j.get("max_steps") or 0)))
             row.update(
@@ -463,6 +462,13 @@ def localize(
                     "passes": all(j["passes"] for j in judged),
                 }
             )
+            if local:
+                mine = min(local, key=lambda j: (j["passes"], -(j.get("max_steps") or 0)))
+                row["own_inputs"] = {
+                    "psnr_db": mine["psnr_db"],
+                    "max_steps": mine.get("max_steps"),
+                    "passes": all(j["passes"] for j in local),
+                }
             if not row["passes"]:
                 row["reasons"] = worst.get("reasons", [])
                 row["source"] = _source_line(references.nodes.get(worst["node"]))
@@ -470,10 +476,47 @@ def localize(
         if first is None and row.get("passes") is False:
             row["first_failing"] = True
             first = dict(row)
+    if first is not None and first.get("own_inputs", {}).get("passes"):
+        # within tolerance on its own inputs: it carries a difference from upstream
+        wrong = next((r for r in rows if r.get("own_inputs", {}).get("passes") is False), None)
+        first["first_wrong_on_own_inputs"] = None if wrong is None else wrong["instruction"]
     note = None
     if not any("passes" in row for row in rows):
         note = "no delegate call's output maps to a node of the quantized graph"
     return first, rows, note
+
+
+def _judge_call_output(
+    value: Any,
+    reference: Any,
+    node: torch.fx.Node | None,
+    tolerance: VerifyTolerance,
+    float_export: bool,
+) -> dict[str, Any] | None:
+    """A delegate call's output ``value`` against ``reference`` (the value of the quantized
+    graph's ``node``): ``judge_tensor``'s figures, in steps of the node's scale for an integer
+    output; ``None`` where the two cannot be compared."""
+    if not isinstance(value, torch.Tensor) or not isinstance(reference, torch.Tensor):
+        return None
+    if value.numel() != reference.numel():
+        return None
+    qparams = quantize_qparams(node)
+    if qparams is not None and not value.dtype.is_floating_point:
+        scale, zero_point = qparams
+        actual = (value.double() - zero_point) * scale
+        expected = (reference.double() - zero_point) * scale
+        return judge_tensor(
+            actual.reshape(expected.shape), expected, _judged_step(value, scale), tolerance
+        )
+    if value.dtype.is_floating_point:
+        return judge_tensor(
+            value.double().reshape(reference.shape),
+            reference.double(),
+            None,
+            tolerance,
+            float_reference=float_export,
+        )
+    return None
 
 
 def _judged_step(value: torch.Tensor, scale: float) -> float:
