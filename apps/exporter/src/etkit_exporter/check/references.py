@@ -49,18 +49,29 @@ class _Conditional(_Capture):
         return value
 
 
-def conditional_values(record: Any, overrides: Mapping[str, Any]) -> dict[str, Any]:
+def conditional_values(
+    record: Any, overrides: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str | None]]:
     """Every call_function node's value in the ETRecord's quantized graph, run on the record's
     representative inputs with each node named in ``overrides`` (a delegate call's output node)
     passing on the program's value instead of its own: what the quantized model computes for
-    each node from the program's own values upstream of it."""
+    each node from the program's own values upstream of it. Also the name of the node each
+    graph output is (``None`` for an output that is not a node's value)."""
     inputs = list(record._representative_inputs or [])
     graph_map = record.graph_map or {}
     module = graph_map.get(REFERENCE_GRAPH, record.edge_dialect_program).module()
     capture = _Conditional(module, overrides)
     with torch.no_grad():
         capture.run(*inputs)
-    return capture.values
+    output = next(n for n in module.graph.nodes if n.op == "output")
+    names: list[str | None] = []
+
+    def collect(node: torch.fx.Node) -> torch.fx.Node:
+        names.append(node.name)
+        return node
+
+    torch.fx.node.map_arg(output.args, collect)
+    return capture.values, names
 
 
 def _capture(program: Any, inputs: Sequence[torch.Tensor]) -> tuple[dict[str, Any], Any]:
