@@ -159,13 +159,10 @@ def raft(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     else:
         model = zoo.RaftFlowAndWarp().eval()
         outputs = {"raft_small_flow": 0, "raft_small_warp": 1}
-    from etkit_exporter.check.verdict import VerifyTolerance
-
-    # RAFT's recurrence carries XNNPACK's integer rounding (a step off PT2E's in the feature
-    # encoder's residual add) through its GRU updates: measured 32.5 dB, 40 steps max, 33 % of
-    # the flow more than 2 steps off the quantized PT2E model (the stock flow drifts alike:
-    # 34.4 dB, 40 steps); the default tolerance (36 dB, 10 %) is for feed-forward models.
-    tolerance = VerifyTolerance(min_psnr_db=30.0, max_fraction=0.4, max_bias_steps=2.0)
+    # The default verdict: RAFT's recurrence carries each target's integer rounding through its
+    # GRU updates (measured: XNNPACK's flow 32.5 dB, 33 % of values more than 2 steps from PT2E;
+    # VGF's 34.4 dB, 24 %), and the program ends as close to the float model as the PT2E model
+    # does (32.2 against 32.0 dB; 31.9 against 31.6 dB): accumulated rounding, which passes.
     try:
         result = export_model(
             model,
@@ -173,7 +170,6 @@ def raft(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             artifacts_root=root,
             target=target,
             verify=True,
-            verify_tolerance=tolerance,
         )
         error = None
     except Exception as failure:
