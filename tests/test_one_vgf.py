@@ -30,7 +30,7 @@ _DTYPES = {"int8": torch.int8, "int16": torch.int16}
 
 class _Mixed(torch.nn.Module):
     """An RGBA sampler (fits a compute segment) and a one-channel 5x5 -> 3x3 sampler (25 and 9
-    bytes: not whole 32-bit words, so it stays in etkit's own delegate)."""
+    bytes: not whole 32-bit words, so the graph segment pads its channels to 4)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -166,22 +166,35 @@ def test_scenario_of_a_one_vgf_export_is_one_dispatch(exports: dict[str, ExportR
         assert torch.equal(torch.from_numpy(a.copy()).contiguous(), b)
 
 
-def test_sampler_whose_buffers_are_not_whole_words_stays_in_etkits_delegate(
+def test_sampler_whose_buffers_are_not_whole_words_gets_padded_channels_in_the_vgf(
     exports: dict[str, ExportResult],
 ) -> None:
+    """Before, the one-channel 5x5 sampler (25 bytes) stayed in etkit's delegate (the VGF
+    runtime sizes buffers exactly; the shader works in 32-bit words). The graph segment pads
+    its channels to 4 with zeros and slices the output back: one VGF, exact."""
     mixed = exports["mixed"]
-    paths = {p["path"]: p for p in mixed.report["grid_sampler_paths"]}
-    assert set(paths) == {IN_VGF, OWN_DELEGATE}
-    assert "not a multiple of 4" in str(paths[OWN_DELEGATE]["reason"])
-    assert sorted(_backends(mixed)) == ["GridSamplerBackend", "VgfBackend"]
+    paths = mixed.report["grid_sampler_paths"]
+    assert [p["path"] for p in paths] == [IN_VGF, IN_VGF], paths
+    padded = [p["segment"].get("channels_padded_to") for p in paths]
+    assert sorted(padded, key=str) == [4, None], paths
+    assert _backends(mixed) == ["VgfBackend"]
     assert mixed.verification is not None
+    assert mixed.verification["verdict"]["result"] == "pass"
+    # its output is the program's second: etkit's CPU kernel's bits on the program's inputs
+    _, inputs = _mixed()
+    (_, mask, _, small), outputs = _run(mixed, inputs)
+    io = mixed.io_quant_params
+    op = GridSampleOp(
+        "bilinear", "zeros", True, _qparams(io["inputs"][1]), _qparams(io["inputs"][3]),
+        _qparams(io["outputs"][1]),
+    )  # fmt: skip
+    assert torch.equal(outputs[1], cpu.grid_sample(mask, small, op).contiguous())
 
 
 class _ChainedOffVgf(torch.nn.Module):
-    """A sampler of a one-channel 5x5 image (25 bytes: not whole 32-bit words, so it goes to
-    etkit's delegate) whose grid a conv of that image predicts; a second sampler reads that
-    sampler's output and a grid the program is given: both its operands come from outside the
-    VGF."""
+    """A sampler of a one-channel 5x5 image (25 bytes: not whole 32-bit words) whose grid a
+    conv of that image predicts; a second sampler reads that sampler's output and a grid the
+    program is given."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -193,24 +206,28 @@ class _ChainedOffVgf(torch.nn.Module):
         return F.grid_sample(warped, grid, align_corners=False)
 
 
-def test_sampler_whose_operands_all_come_from_outside_the_vgf_stays_in_the_vgf(
-    tmp_path: Path,
-) -> None:
-    """Which backend takes each sampler is known only once the partitions are: before, EXIR
-    expected the VGF to take the first and stopped the export ("aten_grid_sampler_2d_default
-    ... was not decomposed or delegated"; a fuzzer find). The second reads two VGF inputs,
-    which model-converter 0.11 cannot wire into a compute segment (it exited 255): it reads
-    the graph segment's copies of them."""
+@pytest.mark.parametrize("sampler_delegate", [False, True], ids=["one-vgf", "split"])
+def test_chained_samplers_of_a_one_channel_image(sampler_delegate: bool, tmp_path: Path) -> None:
+    """One VGF: the first sampler's channels are padded to 4 in the graph segment (25-byte
+    image); the second reads a compute segment's output and a program input, as copies the
+    graph segment makes (model-converter 0.11 exited 255 on a compute segment wired to two VGF
+    inputs). Split: which backend takes each sampler is known only once the partitions are
+    (before, EXIR expected the VGF to take the first: "... was not decomposed or delegated")."""
     torch.manual_seed(4)
     inputs = (torch.rand(2, 1, 5, 5) * 2 - 1, torch.rand(2, 6, 8, 2) * 2.4 - 1.2)
     result = export_model(
-        _ChainedOffVgf().eval(), inputs, artifacts_root=tmp_path / "chained", verify=True
-    )
-    paths = [(p["path"], p["reason"]) for p in result.report["grid_sampler_paths"]]
-    assert paths[1] == (IN_VGF, None)
-    assert paths[0][0] == OWN_DELEGATE and "not a multiple of 4" in str(paths[0][1])
+        _ChainedOffVgf().eval(), inputs, artifacts_root=tmp_path / "chained", verify=True,
+        sampler_delegate=sampler_delegate,
+    )  # fmt: skip
+    paths = [p["path"] for p in result.report["grid_sampler_paths"]]
+    assert paths == [OWN_DELEGATE if sampler_delegate else IN_VGF] * 2
+    if not sampler_delegate:
+        assert _backends(result) == ["VgfBackend"]
+        first = result.report["grid_sampler_paths"][0]["segment"]
+        assert first["channels_padded_to"] == 4 and first["image_shape"][1] == 1
     assert result.verification is not None
-    assert result.verification["verdict"]["result"] == "pass"
+    verdict = result.verification["verdict"]
+    assert verdict["result"] == "pass" and verdict["outputs"][0]["max_steps"] <= 1
 
 
 def _warp(x: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from etkit_gridsampler.vgf_shader import (
     TensorSpec,
     build_segment,
     byte_size_reason,
+    padded_channels,
     reflect,
     sampler_lowering,
     validate,
@@ -93,6 +94,16 @@ def test_byte_sizes_not_a_multiple_of_four_are_refused_by_name() -> None:
     assert reason is not None and "image 25 bytes" in reason and "output 9 bytes" in reason
     with pytest.raises(PayloadError, match="not a multiple of 4"):
         build_segment(OP, (1, 3, 5, 5), (1, 3, 3, 2))
+
+
+def test_channels_are_padded_to_whole_words_where_that_helps() -> None:
+    assert padded_channels((1, 4, 5, 5), (1, 3, 3, 2), torch.int16) == 4  # already whole words
+    assert padded_channels((1, 2, 6, 6), (1, 4, 4, 2), torch.int16) == 2  # 72 and 32 bytes
+    assert padded_channels((1, 1, 5, 5), (1, 3, 3, 2), torch.int16) == 4  # 25 and 9 bytes
+    assert padded_channels((1, 3, 5, 5), (1, 3, 3, 2), torch.int16) == 4
+    assert padded_channels((1, 5, 3, 3), (1, 3, 3, 2), torch.int16) == 8
+    # an int8 grid of 9 points is 18 bytes: no channel count helps
+    assert padded_channels((1, 4, 5, 5), (1, 3, 3, 2), torch.int8) is None
 
 
 @pytest.mark.parametrize("mode", ["tensor", "baked"])

@@ -106,6 +106,8 @@ def sampler_paths(
                 "params": segment["params_mode"],
                 "workgroups": segment["workgroups"],
             }
+            if "channels_padded_to" in segment:  # buffers made whole 32-bit words
+                path["segment"]["channels_padded_to"] = segment["channels_padded_to"]
         refused = rejected.get(str(path["node"]))
         if path["path"] == IN_VGF:
             logger.info("grid sampler %s: a compute segment inside the VGF", path["node"])

@@ -33,6 +33,7 @@ from etkit_gridsampler.vgf_shader.payload import (
     TensorSpec,
     build_segment,
     byte_size_reason,
+    padded_channels,
     validate,
 )
 from etkit_gridsampler.vgf_shader.spirv import ShaderInterface, SpirvError, reflect
@@ -53,6 +54,7 @@ __all__ = [
     "VgfSamplerPartitioner",
     "build_segment",
     "byte_size_reason",
+    "padded_channels",
     "reflect",
     "sampler_lowering",
     "schedule_segments",

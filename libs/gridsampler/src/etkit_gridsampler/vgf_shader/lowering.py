@@ -32,6 +32,7 @@ from etkit_gridsampler.vgf_shader.payload import (
     PayloadError,
     build_segment,
     byte_size_reason,
+    padded_channels,
 )
 from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize
 
@@ -70,13 +71,14 @@ def vgf_reason(node: Node) -> str | None:
         return "a float grid sampler has no integer contract; etkit's delegate runs it"
     if op.output is None:
         return "its output is float (only int8 -> int8 samplers become compute segments)"
-    reason = byte_size_reason(unit.image_shape, unit.grid_shape, op.grid.dtype)
-    if reason is not None:
-        return reason
+    channels = padded_channels(unit.image_shape, unit.grid_shape, op.grid.dtype)
+    if channels is None:
+        return byte_size_reason(unit.image_shape, unit.grid_shape, op.grid.dtype)
     from etkit_gridsampler import vulkan
 
+    n, _, h, w = unit.image_shape
     try:
-        vulkan.dispatch(unit.image_shape, unit.grid_shape, op, channels_last=True)
+        vulkan.dispatch((n, channels, h, w), unit.grid_shape, op, channels_last=True)
     except (UnsupportedOpError, ValueError) as error:
         return f"etkit's Vulkan kernel cannot run it: {error}"
     return None
@@ -358,11 +360,18 @@ def _pass_classes() -> tuple[type, type]:
                     continue
                 image, grid = node.args[0], node.args[1]
                 assert isinstance(image, Node) and isinstance(grid, Node)
+                n, c, h, w = (int(v) for v in image.meta["val"].shape)
                 try:
                     op = self._op(node)
+                    assert op.grid is not None
+                    channels = padded_channels((n, c, h, w), grid.meta["val"].shape, op.grid.dtype)
+                    if channels is None:
+                        raise ValueError(
+                            byte_size_reason((n, c, h, w), grid.meta["val"].shape, op.grid.dtype)
+                        )
                     segment = build_segment(
                         op,
-                        tuple(image.meta["val"].shape),
+                        (n, channels, h, w),
                         tuple(grid.meta["val"].shape),
                         params_mode=self.params_mode,
                     )
@@ -381,10 +390,22 @@ def _pass_classes() -> tuple[type, type]:
                     _set_val(
                         nhwc, exir_ops.edge.aten.permute_copy.default(image.meta["val"], _NHWC)
                     )
-                    inputs = [
-                        self._own_copy(graph, nhwc, image, node, other=grid),
-                        self._own_copy(graph, grid, grid, node, other=image),
-                    ]
+                    if channels == c:
+                        inputs = [
+                            self._own_copy(graph, nhwc, image, node, other=grid),
+                            self._own_copy(graph, grid, grid, node, other=image),
+                        ]
+                    else:  # the graph segment pads the channels: the segment reads its own
+                        pad = [0, channels - c]
+                        padded: Node = create_node(
+                            graph, exir_ops.edge.aten.constant_pad_nd.default,
+                            args=(nhwc, pad, 0.0), from_node=node, inherit_qparams=True,
+                        )  # fmt: skip
+                        _set_val(
+                            padded,
+                            exir_ops.edge.aten.constant_pad_nd.default(nhwc.meta["val"], pad, 0.0),
+                        )
+                        inputs = [padded, self._own_copy(graph, grid, grid, node)]
                     if segment.params_mode == "tensor":
                         name = f"{node.name}_etkit_params"
                         inputs.append(self._params_placeholder(graph, name, segment.params_words))
@@ -411,9 +432,18 @@ def _pass_classes() -> tuple[type, type]:
                     item = graph.create_node("call_function", operator.getitem, (custom, 0))
                     item.meta = dict(node.meta)
                     _set_val(item, out)
-                with graph.inserting_after(item):
+                kept: Node = item
+                if channels != c:  # the padded channels' samples go
+                    with graph.inserting_after(item):
+                        kept = create_node(
+                            graph, exir_ops.edge.aten.slice_copy.Tensor, args=(item, 3, 0, c),
+                            from_node=node,
+                        )  # fmt: skip
+                        out = exir_ops.edge.aten.slice_copy.Tensor(out, 3, 0, c)
+                        _set_val(kept, out)
+                with graph.inserting_after(kept):
                     back = create_node(
-                        graph, exir_ops.edge.aten.permute_copy.default, args=(item, _NCHW),
+                        graph, exir_ops.edge.aten.permute_copy.default, args=(kept, _NCHW),
                         from_node=node,
                     )  # fmt: skip
                     back.meta = dict(node.meta)
@@ -428,6 +458,7 @@ def _pass_classes() -> tuple[type, type]:
                         "grid_shape": tuple(grid.meta["val"].shape),
                         "params_mode": segment.params_mode,
                         "workgroups": segment.payload["workgroup_sizes"],
+                        **({"channels_padded_to": channels} if channels != c else {}),
                     }
                 )
             if modified:

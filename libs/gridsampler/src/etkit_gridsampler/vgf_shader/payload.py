@@ -114,6 +114,24 @@ def byte_size_reason(
     return None
 
 
+def padded_channels(
+    image_shape: Sequence[int], grid_shape: Sequence[int], grid_dtype: torch.dtype
+) -> int | None:
+    """The channel count a compute segment samples these tensors with: the image's own when
+    every buffer is whole 32-bit words (``byte_size_reason``), else the next multiple of 4
+    (the graph segment pads the image's channels with zeros and slices the output back: each
+    pixel is then whole words, and channels are sampled independently, so the kept ones are
+    the same integers); ``None`` when padding channels does not help (an int8 grid of an odd
+    size)."""
+    n, c, h, w = image_shape
+    if byte_size_reason(image_shape, grid_shape, grid_dtype) is None:
+        return int(c)
+    padded = -(-int(c) // 4) * 4
+    if byte_size_reason((n, padded, h, w), grid_shape, grid_dtype) is None:
+        return padded
+    return None
+
+
 def _glsl_constant(kind: str, value: int | float) -> str:
     if kind == "I":
         return f"{int(value) & 0xFFFFFFFF}u"
