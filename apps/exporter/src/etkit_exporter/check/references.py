@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import torch
+from torch.utils import _pytree as pytree
 
 from etkit_exporter.artifact.etrecord import REFERENCE_GRAPH
 from etkit_exporter.core.errors import InspectError
@@ -17,28 +18,21 @@ QDQ_OPS: Final = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_
 
 
 class _Capture(torch.fx.Interpreter):
-    def __init__(self, module: torch.fx.GraphModule) -> None:
+    """Records every call_function node's value by name. A node named in ``overrides`` passes
+    on the given value (the program's) after recording its own, so that each node downstream is
+    computed from the program's values."""
+
+    def __init__(
+        self, module: torch.fx.GraphModule, overrides: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__(module)
         self.values: dict[str, Any] = {}
+        self.overrides = overrides or {}
 
     def run_node(self, n: torch.fx.Node) -> Any:
         value = super().run_node(n)
         if n.op == "call_function":
             self.values[n.name] = value
-        return value
-
-
-class _Conditional(_Capture):
-    """``_Capture`` where the nodes of ``overrides`` pass on the given value (the program's)
-    after recording their own, so that each node's value is computed from the program's values
-    upstream of it."""
-
-    def __init__(self, module: torch.fx.GraphModule, overrides: Mapping[str, Any]) -> None:
-        super().__init__(module)
-        self.overrides = overrides
-
-    def run_node(self, n: torch.fx.Node) -> Any:
-        value = super().run_node(n)
         given = self.overrides.get(n.name)
         if (
             isinstance(given, torch.Tensor)
@@ -49,6 +43,28 @@ class _Conditional(_Capture):
         return value
 
 
+def _capture(
+    program: Any, inputs: Sequence[torch.Tensor], overrides: Mapping[str, Any] | None = None
+) -> tuple[dict[str, Any], Any]:
+    """Every call_function node's value (by name) of ``program`` run on ``inputs`` (with
+    ``overrides`` passed on, see ``_Capture``), and the unlifted module whose graph those names
+    belong to."""
+    module = program.module()
+    capture = _Capture(module, overrides)
+    with torch.no_grad():
+        capture.run(*inputs)
+    return capture.values, module
+
+
+def _reference_program(record: Any) -> tuple[Any, list[torch.Tensor]]:
+    """The ETRecord's quantized graph (the reference) and its representative inputs."""
+    inputs = list(record._representative_inputs or [])
+    if not inputs:
+        raise InspectError("the ETRecord has no representative inputs; export again")
+    graph_map = record.graph_map or {}
+    return graph_map.get(REFERENCE_GRAPH, record.edge_dialect_program), inputs
+
+
 def conditional_values(
     record: Any, overrides: Mapping[str, Any]
 ) -> tuple[dict[str, Any], list[str | None]]:
@@ -57,31 +73,11 @@ def conditional_values(
     passing on the program's value instead of its own: what the quantized model computes for
     each node from the program's own values upstream of it. Also the name of the node each
     graph output is (``None`` for an output that is not a node's value)."""
-    inputs = list(record._representative_inputs or [])
-    graph_map = record.graph_map or {}
-    module = graph_map.get(REFERENCE_GRAPH, record.edge_dialect_program).module()
-    capture = _Conditional(module, overrides)
-    with torch.no_grad():
-        capture.run(*inputs)
+    program, inputs = _reference_program(record)
+    values, module = _capture(program, inputs, overrides)
     output = next(n for n in module.graph.nodes if n.op == "output")
-    names: list[str | None] = []
-
-    def collect(node: torch.fx.Node) -> torch.fx.Node:
-        names.append(node.name)
-        return node
-
-    torch.fx.node.map_arg(output.args, collect)
-    return capture.values, names
-
-
-def _capture(program: Any, inputs: Sequence[torch.Tensor]) -> tuple[dict[str, Any], Any]:
-    """Every call_function node's value (by name) of ``program`` run on ``inputs``, and the
-    unlifted module whose graph those names belong to."""
-    module = program.module()
-    capture = _Capture(module)
-    with torch.no_grad():
-        capture.run(*inputs)
-    return capture.values, module
+    leaves = pytree.tree_leaves(output.args[0])
+    return values, [leaf.name if isinstance(leaf, torch.fx.Node) else None for leaf in leaves]
 
 
 def _root(node: torch.fx.Node) -> tuple[str, int] | None:
@@ -135,11 +131,8 @@ class References:
 
 
 def reference_values(record: Any) -> References:
-    inputs = list(record._representative_inputs or [])
-    if not inputs:
-        raise InspectError("the ETRecord has no representative inputs; export again")
+    reference, inputs = _reference_program(record)
     graph_map = record.graph_map or {}
-    reference = graph_map.get(REFERENCE_GRAPH, record.edge_dialect_program)
     quantized, module = _capture(reference, inputs)
     nodes = {n.name: n for n in module.graph.nodes}
     float_values: dict[str, Any] = {}

@@ -278,8 +278,7 @@ def judge_outputs(
         zip(actual, references, io_outputs, floats, strict=True)
     ):
         y = y.contiguous().reshape(ref.shape)
-        scale, dtype = entry.get("scale"), getattr(torch, str(entry.get("dtype")), torch.int8)
-        step = None if scale is None else _judged_step(torch.empty(0, dtype=dtype), float(scale))
+        step = _output_step(entry)
         judged = judge_tensor(y, ref, step, tolerance, float_reference=float_export)
         if fref is not None and step is not None and not float_export:
             judged = accept_accumulated_rounding(judged, y, ref, fref.reshape(ref.shape), tolerance)
@@ -455,7 +454,7 @@ def localize(
             if mine is not None:
                 local.append(mine)
         if judged:
-            worst = min(judged, key=lambda j: (j["passes"], -(j.get("max_steps") or 0)))
+            worst = _worst(judged)
             row.update(
                 {
                     "node": worst["node"],
@@ -467,10 +466,10 @@ def localize(
                 }
             )
             if local:
-                mine = min(local, key=lambda j: (j["passes"], -(j.get("max_steps") or 0)))
+                own_worst = _worst(local)
                 row["own_inputs"] = {
-                    "psnr_db": mine["psnr_db"],
-                    "max_steps": mine.get("max_steps"),
+                    "psnr_db": own_worst["psnr_db"],
+                    "max_steps": own_worst.get("max_steps"),
                     "passes": all(j["passes"] for j in local),
                 }
             if not row["passes"]:
@@ -519,8 +518,7 @@ def _outputs_on_own_inputs(
                 continue
             reference = (reference.double() - qparams[1]) * qparams[0]
         entry = entries[k] if k < len(entries) else {}
-        scale, dtype = entry.get("scale"), getattr(torch, str(entry.get("dtype")), torch.int8)
-        step = None if scale is None else _judged_step(torch.empty(0, dtype=dtype), float(scale))
+        step = _output_step(entry)
         figures = judge_tensor(
             value.double().contiguous().reshape(reference.shape),
             reference.double(),
@@ -602,6 +600,18 @@ def _judge_call_output(
             float_reference=float_export,
         )
     return None
+
+
+def _output_step(entry: Mapping[str, Any]) -> float | None:
+    """The step a program output is judged in (``_judged_step``), from its
+    ``io_quant_params.json`` entry; ``None`` for a float output."""
+    scale, dtype = entry.get("scale"), getattr(torch, str(entry.get("dtype")), torch.int8)
+    return None if scale is None else _judged_step(torch.empty(0, dtype=dtype), float(scale))
+
+
+def _worst(judged: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """Of a call's judged outputs, a failing one first, then the one most steps off."""
+    return min(judged, key=lambda j: (j["passes"], -(j.get("max_steps") or 0)))
 
 
 def _judged_step(value: torch.Tensor, scale: float) -> float:

@@ -215,7 +215,6 @@ def _set_val(node: Node, value: Any) -> None:
     node.meta["tensor_meta"] = _extract_tensor_metadata(first)
 
 
-@cache
 def _is_compute(node: Node) -> bool:
     """A node model-converter makes a compute segment of: a Vulkan custom-shader ``CUSTOM`` op
     (etkit's or upstream's), or the ``getitem`` that reads its result."""
@@ -258,6 +257,7 @@ def schedule_segments(graph: torch.fx.Graph) -> bool:
     return True
 
 
+@cache
 def _pass_classes() -> tuple[type, type]:
     """The rewrite pass, an ``ArmPass`` (built on first use: importing etkit_gridsampler must
     not import the Arm backend)."""
