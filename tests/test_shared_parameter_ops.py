@@ -113,3 +113,63 @@ def test_vgf_resize_before_a_cat_at_the_output_keeps_its_parameters(tmp_path: Pa
     assert result.verification is not None
     (judged,) = result.verification["verdict"]["outputs"]
     assert judged["max_steps"] <= 1 and abs(judged["mean_steps"]) < 0.1, judged
+
+
+class WarpCatPadResize(torch.nn.Module):
+    """A sigmoid's output warped (nearest) and concatenated with itself unwarped, then a
+    replicate pad and a bilinear resize: the output boundary's SNORM8 reaches the pad's input,
+    while the pad's output keeps the sigmoid's parameters (scale 0.00287, zero point -128). Arm
+    lowers a replicate pad as slices and a concatenation of the integers as they are, so a pad
+    whose input and output parameters differ must have its input requantized first (the
+    fuzzer's seed 2613, class T: 7.1 dB from the quantized model)."""
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        features = torch.relu(torch.sigmoid(x))
+        warped = torch.nn.functional.grid_sample(
+            features, grid, mode="nearest", padding_mode="border", align_corners=False
+        )
+        padded = torch.nn.functional.pad(
+            torch.cat([warped, features], 1), (1, 1, 0, 2), mode="replicate"
+        )
+        return torch.nn.functional.interpolate(
+            padded, size=(10, 13), mode="bilinear", align_corners=False
+        )
+
+
+def _export_warp_cat_pad(root: Path) -> object:
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(1, 8, 10, 13, generator=g)
+    grid = torch.rand(1, 10, 13, 2, generator=g) * 2 - 1
+    return export_model(
+        WarpCatPadResize().eval(),
+        (x, grid),
+        artifacts_root=root,
+        target="vgf",
+        verify=True,
+        scenario=False,
+    )
+
+
+@pytest.mark.slow
+def test_vgf_replicate_pad_between_parameters_verifies(tmp_path: Path) -> None:
+    result = _export_warp_cat_pad(tmp_path / "fixed")
+    (judged,) = result.verification["verdict"]["outputs"]  # type: ignore[attr-defined]
+    assert judged["max_steps"] <= 1 and abs(judged["mean_steps"]) < 0.1, judged
+
+
+@pytest.mark.slow
+def test_vgf_replicate_pad_between_parameters_fails_without_the_requantize(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pin of the upstream behaviour: when this fails, the Arm backend rescales a pad's input
+    itself."""
+    requantize = importlib.import_module("etkit_quant.requantize")
+    monkeypatch.setattr(
+        requantize,
+        "SHARED_PARAMETER_OPS",
+        requantize.SHARED_PARAMETER_OPS - {"aten::pad"},
+    )
+    with pytest.raises(VerificationError) as caught:
+        _export_warp_cat_pad(tmp_path / "unfixed")
+    (failure,) = caught.value.failures
+    assert failure["mean_steps"] < -1, failure

@@ -72,13 +72,13 @@ def _quantize(target: str, model: torch.nn.Module) -> GraphModule:
     return quantize(model, _inputs(), quantizer)
 
 
-def _mismatches(gm: GraphModule) -> list[str]:
-    """Shared-parameter ops with a dequantized input in other parameters than the quantize
-    of their output."""
+def _mismatches(gm: GraphModule, ops: frozenset[str] = SHARED_PARAMETER_OPS) -> list[str]:
+    """Ops of ``ops`` with a dequantized input in other parameters than the quantize of their
+    output."""
     found = []
     for node in gm.graph.nodes:
         name = node.target.name() if hasattr(node.target, "name") else ""
-        if node.op != "call_function" or name.split(".")[0] not in SHARED_PARAMETER_OPS:
+        if node.op != "call_function" or name.split(".")[0] not in ops:
             continue
         users = list(node.users)
         if not users or not all(is_quantize(u) for u in users):
@@ -115,3 +115,45 @@ def test_rewrite_reports_the_ops_and_is_idempotent(monkeypatch: pytest.MonkeyPat
     rewritten = requantize_shared_inputs(gm)
     assert rewritten and all(name.startswith("cat") for name in rewritten), rewritten
     assert requantize_shared_inputs(gm) == []
+
+
+class WarpCatPad(torch.nn.Module):
+    """A sigmoid's output warped and concatenated with itself, then a replicate pad and a
+    bilinear resize to an SNORM8 output: the pad reads SNORM8 and writes the sigmoid's
+    parameters (Arm lowers a replicate pad as slices and a concatenation of the integers)."""
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        features = torch.relu(torch.sigmoid(x))
+        warped = torch.nn.functional.grid_sample(
+            features, grid, mode="nearest", padding_mode="border", align_corners=False
+        )
+        padded = torch.nn.functional.pad(
+            torch.cat([warped, features], 1), (1, 1, 0, 2), mode="replicate"
+        )
+        return torch.nn.functional.interpolate(
+            padded, size=(10, 13), mode="bilinear", align_corners=False
+        )
+
+
+def test_pad_reads_its_input_in_its_output_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(3)
+    inputs = (torch.rand(1, 8, 10, 13, generator=g), torch.rand(1, 10, 13, 2, generator=g) * 2 - 1)
+
+    def run() -> GraphModule:
+        quantizer = BoundaryQuantizer(
+            _base("vgf"),  # type: ignore[arg-type]
+            input_qspecs=(snorm8(), None),
+            output_qspecs=(snorm8(),),
+            grid_sampler_image_from_producer=True,
+        )
+        return quantize(WarpCatPad().eval(), inputs, quantizer)
+
+    monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm: [])
+    pads = frozenset({"aten::pad"})
+    before = run()
+    assert [m for m in _mismatches(before, pads) if m.startswith("pad")], _mismatches(before)
+    monkeypatch.undo()
+    after = run()
+    assert _mismatches(after, pads) == [] and _mismatches(after) == []
+    with torch.no_grad():
+        assert torch.equal(after(*inputs), before(*inputs))
