@@ -115,33 +115,45 @@ def test_vgf_resize_before_a_cat_at_the_output_keeps_its_parameters(tmp_path: Pa
     assert judged["max_steps"] <= 1 and abs(judged["mean_steps"]) < 0.1, judged
 
 
-class WarpCatPadResize(torch.nn.Module):
-    """A sigmoid's output warped (nearest) and concatenated with itself unwarped, then a
-    replicate pad and a bilinear resize: the output boundary's SNORM8 reaches the pad's input,
-    while the pad's output keeps the sigmoid's parameters (scale 0.00287, zero point -128). Arm
-    lowers a replicate pad as slices and a concatenation of the integers as they are, so a pad
-    whose input and output parameters differ must have its input requantized first (the
-    fuzzer's seed 2613, class T: 7.1 dB from the quantized model)."""
+_TAILS = {
+    "replicate pad": lambda v: torch.nn.functional.pad(v, (1, 1, 0, 2), mode="replicate"),
+    "clamp": lambda v: torch.clamp(v, 0.55, 0.7),
+    "hardtanh": lambda v: torch.nn.functional.hardtanh(v, 0.55, 0.7),
+    "flip": lambda v: torch.flip(v, [3]),
+}
+
+
+class WarpCatTailResize(torch.nn.Module):
+    """A sigmoid's output warped (nearest) and concatenated with itself unwarped, then a tail op
+    (a replicate pad, a clamp, a flip) and a bilinear resize: the output boundary's SNORM8
+    reaches the tail's input, while its output keeps the sigmoid's parameters (scale 0.00287,
+    zero point -128). Arm lowers these ops on the int8 values as they are (a replicate pad as
+    slices and a concatenation, a clamp with bounds in one set of parameters), so a tail whose
+    input and output parameters differ must have its input requantized first (the fuzzer's
+    seed 2613, class T: 7.1 dB from the quantized model; before the rewrite covered them the
+    clamp, hardtanh and flip forms failed as well)."""
+
+    def __init__(self, tail: str) -> None:
+        super().__init__()
+        self.tail = _TAILS[tail]
 
     def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
         features = torch.relu(torch.sigmoid(x))
         warped = torch.nn.functional.grid_sample(
             features, grid, mode="nearest", padding_mode="border", align_corners=False
         )
-        padded = torch.nn.functional.pad(
-            torch.cat([warped, features], 1), (1, 1, 0, 2), mode="replicate"
-        )
+        tail = self.tail(torch.cat([warped, features], 1))
         return torch.nn.functional.interpolate(
-            padded, size=(10, 13), mode="bilinear", align_corners=False
+            tail, size=(10, 13), mode="bilinear", align_corners=False
         )
 
 
-def _export_warp_cat_pad(root: Path) -> object:
+def _export_warp_cat_tail(root: Path, tail: str) -> object:
     g = torch.Generator().manual_seed(3)
     x = torch.rand(1, 8, 10, 13, generator=g)
     grid = torch.rand(1, 10, 13, 2, generator=g) * 2 - 1
     return export_model(
-        WarpCatPadResize().eval(),
+        WarpCatTailResize(tail).eval(),
         (x, grid),
         artifacts_root=root,
         target="vgf",
@@ -151,8 +163,9 @@ def _export_warp_cat_pad(root: Path) -> object:
 
 
 @pytest.mark.slow
-def test_vgf_replicate_pad_between_parameters_verifies(tmp_path: Path) -> None:
-    result = _export_warp_cat_pad(tmp_path / "fixed")
+@pytest.mark.parametrize("tail", sorted(_TAILS))
+def test_vgf_value_moving_op_between_parameters_verifies(tmp_path: Path, tail: str) -> None:
+    result = _export_warp_cat_tail(tmp_path / "fixed", tail)
     (judged,) = result.verification["verdict"]["outputs"]  # type: ignore[attr-defined]
     assert judged["max_steps"] <= 1 and abs(judged["mean_steps"]) < 0.1, judged
 
@@ -170,6 +183,6 @@ def test_vgf_replicate_pad_between_parameters_fails_without_the_requantize(
         requantize.SHARED_PARAMETER_OPS - {"aten::pad"},
     )
     with pytest.raises(VerificationError) as caught:
-        _export_warp_cat_pad(tmp_path / "unfixed")
+        _export_warp_cat_tail(tmp_path / "unfixed", "replicate pad")
     (failure,) = caught.value.failures
     assert failure["mean_steps"] < -1, failure

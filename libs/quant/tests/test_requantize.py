@@ -118,24 +118,34 @@ def test_rewrite_reports_the_ops_and_is_idempotent(monkeypatch: pytest.MonkeyPat
 
 
 class WarpCatPad(torch.nn.Module):
-    """A sigmoid's output warped and concatenated with itself, then a replicate pad and a
-    bilinear resize to an SNORM8 output: the pad reads SNORM8 and writes the sigmoid's
-    parameters (Arm lowers a replicate pad as slices and a concatenation of the integers)."""
+    """A sigmoid's output warped and concatenated with itself, then a replicate pad (or a
+    clamp) and a bilinear resize to an SNORM8 output: the pad reads SNORM8 and writes the
+    sigmoid's parameters (Arm lowers a replicate pad as slices and a concatenation of the
+    integers, a clamp with its bounds in one set of parameters)."""
+
+    def __init__(self, clamp: bool) -> None:
+        super().__init__()
+        self.clamp = clamp
 
     def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
         features = torch.relu(torch.sigmoid(x))
         warped = torch.nn.functional.grid_sample(
             features, grid, mode="nearest", padding_mode="border", align_corners=False
         )
-        padded = torch.nn.functional.pad(
-            torch.cat([warped, features], 1), (1, 1, 0, 2), mode="replicate"
-        )
+        joined = torch.cat([warped, features], 1)
+        if self.clamp:
+            tail = torch.clamp(joined, 0.55, 0.7)
+        else:
+            tail = torch.nn.functional.pad(joined, (1, 1, 0, 2), mode="replicate")
         return torch.nn.functional.interpolate(
-            padded, size=(10, 13), mode="bilinear", align_corners=False
+            tail, size=(10, 13), mode="bilinear", align_corners=False
         )
 
 
-def test_pad_reads_its_input_in_its_output_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("op", ["aten::pad", "aten::clamp"])
+def test_pad_and_clamp_read_their_input_in_their_output_parameters(
+    op: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     g = torch.Generator().manual_seed(3)
     inputs = (torch.rand(1, 8, 10, 13, generator=g), torch.rand(1, 10, 13, 2, generator=g) * 2 - 1)
 
@@ -146,14 +156,14 @@ def test_pad_reads_its_input_in_its_output_parameters(monkeypatch: pytest.Monkey
             output_qspecs=(snorm8(),),
             grid_sampler_image_from_producer=True,
         )
-        return quantize(WarpCatPad().eval(), inputs, quantizer)
+        return quantize(WarpCatPad(clamp=op == "aten::clamp").eval(), inputs, quantizer)
 
     monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm: [])
-    pads = frozenset({"aten::pad"})
+    ops = frozenset({op})
     before = run()
-    assert [m for m in _mismatches(before, pads) if m.startswith("pad")], _mismatches(before)
+    assert _mismatches(before, ops), _mismatches(before)
     monkeypatch.undo()
     after = run()
-    assert _mismatches(after, pads) == [] and _mismatches(after) == []
+    assert _mismatches(after, ops) == [] and _mismatches(after) == []
     with torch.no_grad():
         assert torch.equal(after(*inputs), before(*inputs))

@@ -11,8 +11,9 @@ values as they are (TOSA ``CONCAT``, no ``RESCALE``): the flow's integers are re
 
 The rewrite inserts, on each such input, a quantize to the output's parameters and its
 dequantize. The ops in ``SHARED_PARAMETER_OPS`` move, select or order values and nothing else
-(``relu`` and ``max_pool2d`` included: quantization is monotonic and maps 0 to the zero point;
-a pad of any mode and a nearest resize too: a constant pad's value is quantized like any other),
+(``relu``, ``max_pool2d`` and the clamps included: quantization is monotonic, so it commutes
+with a clamp whose bounds are quantized too, and maps 0 to the zero point; a pad of any mode and
+a nearest resize too: a constant pad's value is quantized like any other),
 so quantizing before them gives exactly what quantizing after gives: the quantized model's
 values do not change (tested for equality), and the backend sees a plain requantize
 (``dq -> q``, a TOSA ``RESCALE``) in front of an op whose inputs and output agree.
@@ -66,6 +67,12 @@ SHARED_PARAMETER_OPS: Final = frozenset(
         "aten::replication_pad2d",
         "aten::circular_pad2d",
         "aten::upsample_nearest2d",
+        "aten::flip",
+        "aten::roll",
+        "aten::clamp",
+        "aten::clamp_min",
+        "aten::clamp_max",
+        "aten::hardtanh",
     }
 )
 _PER_TENSOR_ARGS: Final = 5  # scale, zero_point, quant_min, quant_max, dtype
