@@ -120,6 +120,9 @@ _TAILS = {
     "clamp": lambda v: torch.clamp(v, 0.55, 0.7),
     "hardtanh": lambda v: torch.nn.functional.hardtanh(v, 0.55, 0.7),
     "flip": lambda v: torch.flip(v, [3]),
+    "max over channels": lambda v: torch.max(v, dim=1, keepdim=True)[0],
+    "where": lambda v: torch.where(v > 0.6, v, torch.zeros_like(v) + 0.62),
+    "index_select": lambda v: torch.index_select(v, 1, torch.tensor([3, 1, 15, 2])),
 }
 
 
@@ -131,7 +134,7 @@ class WarpCatTailResize(torch.nn.Module):
     slices and a concatenation, a clamp with bounds in one set of parameters), so a tail whose
     input and output parameters differ must have its input requantized first (the fuzzer's
     seed 2613, class T: 7.1 dB from the quantized model; before the rewrite covered them the
-    clamp, hardtanh and flip forms failed as well)."""
+    clamp, hardtanh, flip, max, where and index_select forms failed as well)."""
 
     def __init__(self, tail: str) -> None:
         super().__init__()

@@ -4,6 +4,7 @@ reads its inputs in its output's parameters, and the quantized model's values do
 from __future__ import annotations
 
 import importlib
+import operator
 
 import pytest
 import torch
@@ -81,6 +82,9 @@ def _mismatches(gm: GraphModule, ops: frozenset[str] = SHARED_PARAMETER_OPS) -> 
         if node.op != "call_function" or name.split(".")[0] not in ops:
             continue
         users = list(node.users)
+        if users and all(u.target is operator.getitem for u in users):  # split: its results
+            items = [u for u in users if u.meta["val"].dtype.is_floating_point]
+            users = [q for item in items for q in item.users]
         if not users or not all(is_quantize(u) for u in users):
             continue
         out = qparams_of(users[0])
@@ -123,9 +127,9 @@ class WarpCatPad(torch.nn.Module):
     sigmoid's parameters (Arm lowers a replicate pad as slices and a concatenation of the
     integers, a clamp with its bounds in one set of parameters)."""
 
-    def __init__(self, clamp: bool) -> None:
+    def __init__(self, tail: str) -> None:
         super().__init__()
-        self.clamp = clamp
+        self.tail = tail
 
     def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
         features = torch.relu(torch.sigmoid(x))
@@ -133,8 +137,10 @@ class WarpCatPad(torch.nn.Module):
             features, grid, mode="nearest", padding_mode="border", align_corners=False
         )
         joined = torch.cat([warped, features], 1)
-        if self.clamp:
+        if self.tail == "aten::clamp":
             tail = torch.clamp(joined, 0.55, 0.7)
+        elif self.tail == "aten::amax":
+            tail = torch.max(joined, dim=1, keepdim=True)[0]  # exported as amax
         else:
             tail = torch.nn.functional.pad(joined, (1, 1, 0, 2), mode="replicate")
         return torch.nn.functional.interpolate(
@@ -142,8 +148,8 @@ class WarpCatPad(torch.nn.Module):
         )
 
 
-@pytest.mark.parametrize("op", ["aten::pad", "aten::clamp"])
-def test_pad_and_clamp_read_their_input_in_their_output_parameters(
+@pytest.mark.parametrize("op", ["aten::pad", "aten::clamp", "aten::amax"])
+def test_pad_clamp_and_max_read_their_input_in_their_output_parameters(
     op: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     g = torch.Generator().manual_seed(3)
@@ -156,7 +162,7 @@ def test_pad_and_clamp_read_their_input_in_their_output_parameters(
             output_qspecs=(snorm8(),),
             grid_sampler_image_from_producer=True,
         )
-        return quantize(WarpCatPad(clamp=op == "aten::clamp").eval(), inputs, quantizer)
+        return quantize(WarpCatPad(op).eval(), inputs, quantizer)
 
     monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm: [])
     ops = frozenset({op})
@@ -167,3 +173,31 @@ def test_pad_and_clamp_read_their_input_in_their_output_parameters(
     assert _mismatches(after, ops) == [] and _mismatches(after) == []
     with torch.no_grad():
         assert torch.equal(after(*inputs), before(*inputs))
+
+
+class MaxOverChannels(torch.nn.Module):
+    """``max(dim)``, which returns the values and their indices, between a dequantize and a
+    quantize of other parameters (as a quantizer can leave it), with the indices returned."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        qd = torch.ops.quantized_decomposed
+        q = qd.quantize_per_tensor.default(x, 0.0029, -128, -128, 127, torch.int8)
+        dq = qd.dequantize_per_tensor.default(q, 0.0029, -128, -128, 127, torch.int8)
+        values, indices = torch.ops.aten.max.dim(dq, 1, True)
+        out = qd.quantize_per_tensor.default(values, 1 / 127, 0, -127, 127, torch.int8)
+        return qd.dequantize_per_tensor.default(out, 1 / 127, 0, -127, 127, torch.int8), indices
+
+
+def test_an_op_with_several_results_reads_its_input_in_its_values_parameters() -> None:
+    """Its float result (through ``getitem``) is quantized, its indices are not: the input is
+    requantized into the values' parameters, and nothing the model computes changes."""
+    x = torch.rand(1, 4, 5, 6, generator=torch.Generator().manual_seed(2)) * 0.7
+    gm = torch.export.export(MaxOverChannels(), (x,)).module()
+    assert isinstance(gm, GraphModule)
+    expected = gm(x)
+    (name,) = requantize_shared_inputs(gm)
+    assert _mismatches(gm, frozenset({"aten::max"})) == []
+    (m,) = [n for n in gm.graph.nodes if n.name == name]
+    assert qparams_of(m.args[0])[:2] == (1 / 127, 0)
+    values, indices = gm(x)
+    assert torch.equal(values, expected[0]) and torch.equal(indices, expected[1])

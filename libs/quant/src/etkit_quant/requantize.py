@@ -11,9 +11,11 @@ values as they are (TOSA ``CONCAT``, no ``RESCALE``): the flow's integers are re
 
 The rewrite inserts, on each such input, a quantize to the output's parameters and its
 dequantize. The ops in ``SHARED_PARAMETER_OPS`` move, select or order values and nothing else
-(``relu``, ``max_pool2d`` and the clamps included: quantization is monotonic, so it commutes
-with a clamp whose bounds are quantized too, and maps 0 to the zero point; a pad of any mode and
-a nearest resize too: a constant pad's value is quantized like any other),
+(``relu``, ``max_pool2d``, the clamps and the max and min reductions included: quantization is
+monotonic, so it commutes with a maximum and with a clamp whose bounds are quantized too, and
+maps 0 to the zero point; a pad of any mode, a nearest resize and a ``where`` too: a constant
+pad's value is quantized like any other; for an op returning several tensors, ``split`` or
+``max(dim)``, each float result is quantized and the indices are not),
 so quantizing before them gives exactly what quantizing after gives: the quantized model's
 values do not change (tested for equality), and the backend sees a plain requantize
 (``dq -> q``, a TOSA ``RESCALE``) in front of an op whose inputs and output agree.
@@ -22,6 +24,7 @@ values do not change (tested for equality), and the backend sees a plain requant
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any, Final
 
 import torch
@@ -73,6 +76,17 @@ SHARED_PARAMETER_OPS: Final = frozenset(
         "aten::clamp_min",
         "aten::clamp_max",
         "aten::hardtanh",
+        "aten::amax",
+        "aten::amin",
+        "aten::max",
+        "aten::min",
+        "aten::where",
+        "aten::index_select",
+        "aten::gather",
+        "aten::split",
+        "aten::split_with_sizes",
+        "aten::chunk",
+        "aten::unbind",
     }
 )
 _PER_TENSOR_ARGS: Final = 5  # scale, zero_point, quant_min, quant_max, dtype
@@ -107,6 +121,25 @@ def _tensor_inputs(node: Node) -> list[Node]:
     return inputs
 
 
+def _output_quantizes(node: Node) -> list[Node] | None:
+    """The quantize nodes reading ``node``'s float results: its users, or for an op returning
+    several tensors (``split``, ``max(dim)``) the users of each ``getitem`` of a float result (an
+    integer result, the indices, is not quantized); ``None`` when some float result is read by
+    anything else."""
+    users = list(node.users)
+    if users and all(u.op == "call_function" and u.target is operator.getitem for u in users):
+        quantizes: list[Node] = []
+        for item in users:
+            value = item.meta.get("val")
+            if isinstance(value, torch.Tensor) and not value.dtype.is_floating_point:
+                continue
+            if not item.users or not all(is_quantize(u) for u in item.users):
+                return None
+            quantizes.extend(item.users)
+        return quantizes or None
+    return users if users and all(is_quantize(u) for u in users) else None
+
+
 def requantize_shared_inputs(model: GraphModule) -> list[str]:
     """Inserts ``quantize``/``dequantize`` in the output's parameters before each input of an op
     of ``SHARED_PARAMETER_OPS`` that is dequantized with other parameters, where every user of
@@ -116,8 +149,8 @@ def requantize_shared_inputs(model: GraphModule) -> list[str]:
     for node in list(model.graph.nodes):
         if node.op != "call_function" or _op_name(node) not in SHARED_PARAMETER_OPS:
             continue
-        users = list(node.users)
-        if not users or not all(is_quantize(u) for u in users):
+        users = _output_quantizes(node)
+        if users is None:
             continue
         outputs = [_parameters(u) for u in users]
         out = outputs[0]
