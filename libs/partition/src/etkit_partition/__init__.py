@@ -15,11 +15,13 @@ from etkit_partition.policies import (
     user_input_nodes,
     user_output_nodes,
 )
+from etkit_partition.reductions import DetagMaximaOverChannels
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DetagInputQuantize",
+    "DetagMaximaOverChannels",
     "DetagOps",
     "DetagOutputDequantize",
     "DetagQuantizeDtypes",

@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 _CONSTANT_PAD: Final = frozenset({"aten::constant_pad_nd", "aten::constant_pad_nd.default"})
 
 
-def _dequantized_through_shape_ops(value: object) -> list[Node]:
+def dequantized_through_shape_ops(value: object) -> list[Node]:
     """The shape ops from ``value`` up to the dequantize they read, and that dequantize; an
     empty list when ``value`` is not a dequantized tensor."""
     chain: list[Node] = []
@@ -47,7 +47,7 @@ class DetagQuantizedPads:
         for node in program.graph.nodes:
             if target_name(node) not in _CONSTANT_PAD or TAG_KEY not in node.meta:
                 continue
-            chain = _dequantized_through_shape_ops(node.args[0])
+            chain = dequantized_through_shape_ops(node.args[0])
             if not chain:
                 continue  # a float pad: XNNPACK takes it as it is
             for member in (node, *chain):

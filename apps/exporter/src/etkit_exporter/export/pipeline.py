@@ -71,6 +71,7 @@ from etkit_gridsampler.vgf_shader import (
 from etkit_layout import channels_last, pad_rgb_to_rgba, pin_delegate_layouts
 from etkit_partition import (
     DetagInputQuantize,
+    DetagMaximaOverChannels,
     DetagOps,
     DetagOutputDequantize,
     DetagQuantizedPads,
@@ -524,8 +525,9 @@ def _lower(
             *([] if in_vgf else [DetagOps([torch.ops.aten.grid_sampler_2d.default])]),
             # XNNPACK has no int16 activations (grids are int16)
             *([DetagQuantizeDtypes([torch.int16])] if target == "xnnpack" else []),
-            # pads ExecuTorch 1.5.1's partitioners claim but cannot compile (etkit_partition.pads)
-            *([DetagQuantizedPads()] if target == "xnnpack" else []),
+            # pads and maxima ExecuTorch 1.5.1's XNNPACK partitioner claims but cannot compile
+            # (etkit_partition.pads, etkit_partition.reductions)
+            *([DetagQuantizedPads(), DetagMaximaOverChannels()] if target == "xnnpack" else []),
         ],
         # one VGF: pieces the Arm partitioner leaves apart (samplers sharing only inputs)
         merge=target == "vgf",
