@@ -201,3 +201,46 @@ def test_an_op_with_several_results_reads_its_input_in_its_values_parameters() -
     assert qparams_of(m.args[0])[:2] == (1 / 127, 0)
     values, indices = gm(x)
     assert torch.equal(values, expected[0]) and torch.equal(indices, expected[1])
+
+
+class Negation(torch.nn.Module):
+    """``neg`` between a dequantize and a quantize of other parameters."""
+
+    def __init__(self, out: tuple[float, int, int, int]) -> None:
+        super().__init__()
+        self.out = out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qd = torch.ops.quantized_decomposed
+        q = qd.quantize_per_tensor.default(x, 0.0029, -128, -128, 127, torch.int8)
+        dq = qd.dequantize_per_tensor.default(q, 0.0029, -128, -128, 127, torch.int8)
+        out = qd.quantize_per_tensor.default(-dq, *self.out, torch.int8)
+        return qd.dequantize_per_tensor.default(out, *self.out, torch.int8)
+
+
+@pytest.mark.parametrize(
+    "out", [(1 / 127, 0, -127, 127), (0.0031, -128, -128, 127), (0.0025, 5, -100, 90)]
+)
+def test_a_negation_reads_its_input_so_the_integer_negation_is_exact(
+    out: tuple[float, int, int, int],
+) -> None:
+    """TOSA's ``NEGATE`` computes ``-(q - zero_in) + zero_out`` with no scale (ExecuTorch 1.5.1's
+    Arm backend lowers an int8 ``neg`` to it): the input is requantized so that this integer
+    negation of the requantized values is the model's quantized output, and the model's values
+    do not change."""
+    x = torch.linspace(-0.1, 0.8, 301).reshape(1, 1, 7, 43)
+    gm = torch.export.export(Negation(out), (x,)).module()
+    assert isinstance(gm, GraphModule)
+    expected = gm(x)
+    (name,) = requantize_shared_inputs(gm)
+    assert torch.equal(gm(x), expected)
+    (neg,) = [n for n in gm.graph.nodes if n.name == name]
+    scale, zero_in, low, high, _ = qparams_of(neg.args[0])
+    assert scale == out[0]
+    qd = torch.ops.quantized_decomposed
+    first = qd.quantize_per_tensor.default(x, 0.0029, -128, -128, 127, torch.int8)
+    dequantized = qd.dequantize_per_tensor.default(first, 0.0029, -128, -128, 127, torch.int8)
+    requantized = qd.quantize_per_tensor.default(dequantized, scale, zero_in, low, high, torch.int8)
+    negated = torch.clamp(-(requantized.to(torch.int32) - zero_in) + out[1], -128, 127)
+    wanted = qd.quantize_per_tensor.default(-dequantized, *out, torch.int8)
+    assert torch.equal(negated.to(torch.int8), wanted)

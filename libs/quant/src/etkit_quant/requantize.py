@@ -87,6 +87,7 @@ SHARED_PARAMETER_OPS: Final = frozenset(
         "aten::split_with_sizes",
         "aten::chunk",
         "aten::unbind",
+        "aten::neg",  # in the negated parameters (see _negated)
     }
 )
 _PER_TENSOR_ARGS: Final = 5  # scale, zero_point, quant_min, quant_max, dtype
@@ -140,6 +141,24 @@ def _output_quantizes(node: Node) -> list[Node] | None:
     return users if users and all(is_quantize(u) for u in users) else None
 
 
+def _negated(out: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The parameters in which a ``neg`` reads its input so that a backend's integer negation,
+    ``-(q - zero_in) + zero_out`` with no scale (TOSA ``NEGATE``, as ExecuTorch 1.5.1's Arm
+    backend lowers an int8 ``neg``), gives exactly the quantize of ``-x`` in ``out``: the
+    output's scale, and a range the negation maps into ``out``'s (zero point
+    ``type_max - zero_out + min_out``, range ``[type_max - (max_out - min_out), type_max]``).
+    Quantizing ``x`` so and negating is exact (round half to even is odd-symmetric). ``None``
+    when that does not fit the integer type."""
+    scale, zero, low, high, dtype = out
+    if not isinstance(dtype, torch.dtype) or dtype.is_floating_point:
+        return None
+    info = torch.iinfo(dtype)
+    negated_zero, negated_low = info.max - zero + low, info.max - (high - low)
+    if not info.min <= negated_zero <= info.max or negated_low < info.min:
+        return None
+    return (scale, negated_zero, negated_low, info.max, dtype)
+
+
 def requantize_shared_inputs(model: GraphModule) -> list[str]:
     """Inserts ``quantize``/``dequantize`` in the output's parameters before each input of an op
     of ``SHARED_PARAMETER_OPS`` that is dequantized with other parameters, where every user of
@@ -156,16 +175,19 @@ def requantize_shared_inputs(model: GraphModule) -> list[str]:
         out = outputs[0]
         if out is None or not all(o is not None and _same(o, out) for o in outputs):
             continue
+        wanted = _negated(out) if _op_name(node) == "aten::neg" else out
+        if wanted is None:
+            continue
         changed = False
         for source in _tensor_inputs(node):
             params = _parameters(source) if is_dequantize(source) else None
-            if params is None or _same(params, out):
+            if params is None or _same(params, wanted):
                 continue
             quantize, dequantize = users[0].target, source.target
             assert callable(quantize) and callable(dequantize)  # call_function nodes
             with model.graph.inserting_before(node):
-                q = model.graph.call_function(quantize, (source, *out))
-                dq = model.graph.call_function(dequantize, (q, *out))
+                q = model.graph.call_function(quantize, (source, *wanted))
+                dq = model.graph.call_function(dequantize, (q, *wanted))
             if "val" in source.meta:
                 dq.meta["val"] = source.meta["val"]
             q.meta["stack_trace"] = dq.meta["stack_trace"] = node.meta.get("stack_trace")
