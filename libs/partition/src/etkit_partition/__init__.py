@@ -2,6 +2,7 @@
 partitioners."""
 
 from etkit_partition.dtypes import DetagQuantizeDtypes
+from etkit_partition.float_results import DetagQuantizeOfFloatResults
 from etkit_partition.pads import DetagQuantizedPads
 from etkit_partition.partitioner import PolicyPartitioner
 from etkit_partition.policies import (
@@ -25,6 +26,7 @@ __all__ = [
     "DetagOps",
     "DetagOutputDequantize",
     "DetagQuantizeDtypes",
+    "DetagQuantizeOfFloatResults",
     "DetagQuantizedPads",
     "PartitionPolicy",
     "PolicyPartitioner",

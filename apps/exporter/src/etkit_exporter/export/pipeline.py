@@ -76,6 +76,7 @@ from etkit_partition import (
     DetagOutputDequantize,
     DetagQuantizedPads,
     DetagQuantizeDtypes,
+    DetagQuantizeOfFloatResults,
     PolicyPartitioner,
 )
 from etkit_quant import (
@@ -528,6 +529,8 @@ def _lower(
             # pads and maxima ExecuTorch 1.5.1's XNNPACK partitioner claims but cannot compile
             # (etkit_partition.pads, etkit_partition.reductions)
             *([DetagQuantizedPads(), DetagMaximaOverChannels()] if target == "xnnpack" else []),
+            # a VGF cannot end in a quantize of a float result (etkit_partition.float_results)
+            *([DetagQuantizeOfFloatResults()] if target == "vgf" else []),
         ],
         # one VGF: pieces the Arm partitioner leaves apart (samplers sharing only inputs)
         merge=target == "vgf",
