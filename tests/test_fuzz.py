@@ -158,6 +158,7 @@ FINDING_SEEDS = {
     (2088, "vgf"): "an alias crossing two VGFs (normalize.drop_noop_views)",
     (2130, "vgf"): "a pad of nothing before a sampler of the input (normalize.drop_noop_views)",
     (2224, "vgf"): "sigmoid(x) computed twice, both crossing VGFs (normalize.merge_duplicates)",
+    (2786, "vgf"): "a sampler's output concatenated, then sliced away (normalize.slices_of_cat)",
     (2218, "xnnpack"): "4 logits rounding one way (the bias rule's standard error)",
     (2302, "xnnpack"): "one of 2 logits 3 steps off (the share rule's one value)",
     (2333, "xnnpack"): "a nearest sampler at a computed grid (amplified rounding)",

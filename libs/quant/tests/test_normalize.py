@@ -385,3 +385,43 @@ def test_twins_reading_equal_constants_merge_and_each_constant_keeps_one_use() -
     for a, b in zip(outputs, _TwinGrids()(flow), strict=True):
         assert torch.equal(a, b)
     assert not torch.equal(outputs[0] / 2, outputs[2])
+
+
+class _SlicesOfCat(torch.nn.Module):
+    """Slices of a ``cat`` of a 1-channel and a 3-channel tensor: all of the second input
+    (``[:, 1:4]``), part of it (``[:, -2:]``), across both (``[:, 0:2]``), and along another
+    dimension (``[:, :, 1:]``)."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        joined = torch.cat([torch.tanh(a), torch.sigmoid(b)], 1)
+        return joined[:, 1:4] * 2, joined[:, -2:] + 1, joined[:, 0:2] - 1, joined[:, :, 1:] * 3
+
+
+def test_slices_within_one_input_of_a_cat_read_that_input() -> None:
+    a = torch.rand(1, 1, 4, 5, generator=torch.Generator().manual_seed(0))
+    b = torch.rand(1, 3, 4, 5, generator=torch.Generator().manual_seed(1))
+    program = torch.export.export(_SlicesOfCat(), (a, b), strict=True)
+    normalized, report = normalize_program(program, (a, b))
+    assert report.steps["slices_of_cat"] == 2  # the whole input and the part; not the others
+    slices = [n for n in normalized.graph.nodes if target_name(n) == "aten::slice.Tensor"]
+    from_cat = [n for n in slices if target_name(n.args[0]) == "aten::cat"]
+    assert len(from_cat) == 2, [n.format_node() for n in slices]  # across, other dimension
+    assert any(target_name(n.args[0]) == "aten::sigmoid" for n in slices)  # the part
+    for x, y in ((a, b), (torch.randn_like(a), torch.randn_like(b))):
+        for actual, expected in zip(normalized.module()(x, y), _SlicesOfCat()(x, y), strict=True):
+            assert torch.equal(actual, expected)
+
+
+class _SampledThenSlicedAway(torch.nn.Module):
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        warped = F.grid_sample(x[:, :1], grid, mode="nearest", align_corners=True)
+        return torch.cat([warped, torch.relu(x)], 1)[:, 1:]
+
+
+def test_a_cat_sliced_to_one_input_leaves_the_graph_with_its_other_inputs() -> None:
+    x = torch.rand(1, 3, 4, 5, generator=torch.Generator().manual_seed(0))
+    grid = torch.rand(1, 4, 5, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    _, normalized, steps = _normalized(_SampledThenSlicedAway(), x, grid)
+    assert "slices_of_cat" in steps
+    after = _ops(normalized)
+    assert "aten::cat" not in after and not any("grid_sampler" in op for op in after), after
