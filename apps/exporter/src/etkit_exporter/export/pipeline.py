@@ -528,7 +528,8 @@ def _lower(
             *([DetagQuantizeDtypes([torch.int16])] if target == "xnnpack" else []),
             # pads and maxima ExecuTorch 1.5.1's XNNPACK partitioner claims but cannot compile
             # (etkit_partition.pads, etkit_partition.reductions)
-            *([DetagQuantizedPads(), DetagMaximaOverChannels()] if target == "xnnpack" else []),
+            *([DetagQuantizedPads()] if target == "xnnpack" else []),
+            *([DetagMaximaOverChannels()] if target == "xnnpack" else []),
             # a VGF cannot end in a quantize of a float result (etkit_partition.float_results)
             *([DetagQuantizeOfFloatResults()] if target == "vgf" else []),
         ],
