@@ -25,6 +25,10 @@ from etkit_quant.graph import is_dequantize, is_quantize, is_shape_op, target_na
 
 logger = logging.getLogger(__name__)
 
+# What ExecuTorch's Arm quantizer records in ``node.meta["custom"]`` (and etkit's
+# BoundaryQuantizer for the ops it leaves float).
+_ARM_ANNOTATION_INFO: Final = "_arm_annotation_info"
+
 
 def _is_float(node: Node) -> bool:
     value = node.meta.get("val")
@@ -69,6 +73,16 @@ def _computed_in_float(node: Node) -> bool:
     return any(o.op == "call_function" and _is_float(o) for o in origins)
 
 
+def _marked_quantized(node: Node) -> bool:
+    """Whether the quantizer marked ``node`` quantized (Arm's ``_arm_annotation_info``, which the
+    nodes a decomposition makes inherit): Arm folds the quantize into such an op. An op marked
+    float (the coordinate arithmetic before a grid sampler's int16 grid) gets a quantize of its
+    own, and its VGF declares the integer output."""
+    custom = node.meta.get("custom")
+    info = custom.get(_ARM_ANNOTATION_INFO) if isinstance(custom, dict) else None
+    return info is None or bool(info.get("quantized", True))
+
+
 def _ends_partition(node: Node, tag: object) -> bool:
     return any(u.op == "output" or u.meta.get(TAG_KEY) != tag for u in node.users)
 
@@ -89,6 +103,8 @@ class DetagQuantizeOfFloatResults:
                 continue
             if not _ends_partition(node, tag) or not _computed_in_float(producer):
                 continue
+            if not _marked_quantized(producer):
+                continue  # a float op the quantizer left float: Arm quantizes its result itself
             node.meta.pop(TAG_KEY)
             detagged.append(node)
             logger.debug("%s stays outside the delegates: it quantizes a float result", node.name)

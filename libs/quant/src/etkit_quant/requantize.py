@@ -13,8 +13,8 @@ The rewrite inserts, on each such input, a quantize to the output's parameters a
 dequantize. The ops in ``SHARED_PARAMETER_OPS`` move, select or order values and nothing else
 (``relu``, ``max_pool2d``, the clamps and the max and min reductions included: quantization is
 monotonic, so it commutes with a maximum and with a clamp whose bounds are quantized too, and
-maps 0 to the zero point; a pad of any mode, a nearest resize and a ``where`` too: a constant
-pad's value is quantized like any other; for an op returning several tensors, ``split`` or
+maps 0 to the zero point; a reflect, replicate or circular pad, a nearest resize and a
+``where`` too; for an op returning several tensors, ``split`` or
 ``max(dim)``, each float result is quantized and the indices are not),
 so quantizing before them gives exactly what quantizing after gives: the quantized model's
 values do not change (tested for equality), and the backend sees a plain requantize
@@ -62,8 +62,7 @@ SHARED_PARAMETER_OPS: Final = frozenset(
         "aten::pixel_unshuffle",
         "aten::max_pool2d",
         "aten::relu",
-        "aten::pad",
-        "aten::constant_pad_nd",
+        "aten::pad",  # F.pad's reflect, replicate and circular modes (constant: constant_pad_nd)
         "aten::reflection_pad1d",
         "aten::reflection_pad2d",
         "aten::replication_pad1d",
@@ -141,6 +140,10 @@ def _output_quantizes(node: Node) -> list[Node] | None:
     return users if users and all(is_quantize(u) for u in users) else None
 
 
+def _pad_mode(node: Node) -> object:
+    return node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+
+
 def _negated(out: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The parameters in which a ``neg`` reads its input so that a backend's integer negation,
     ``-(q - zero_in) + zero_out`` with no scale (TOSA ``NEGATE``, as ExecuTorch 1.5.1's Arm
@@ -168,6 +171,8 @@ def requantize_shared_inputs(model: GraphModule) -> list[str]:
     for node in list(model.graph.nodes):
         if node.op != "call_function" or _op_name(node) not in SHARED_PARAMETER_OPS:
             continue
+        if _op_name(node) == "aten::pad" and _pad_mode(node) == "constant":
+            continue  # XNNPACK's partitions then formed a cycle around DetagQuantizedPads
         users = _output_quantizes(node)
         if users is None:
             continue

@@ -71,7 +71,6 @@ from etkit_gridsampler.vgf_shader import (
 from etkit_layout import channels_last, pad_rgb_to_rgba, pin_delegate_layouts
 from etkit_partition import (
     DetagInputQuantize,
-    DetagMaximaOverChannels,
     DetagOps,
     DetagOutputDequantize,
     DetagQuantizedPads,
@@ -526,10 +525,9 @@ def _lower(
             *([] if in_vgf else [DetagOps([torch.ops.aten.grid_sampler_2d.default])]),
             # XNNPACK has no int16 activations (grids are int16)
             *([DetagQuantizeDtypes([torch.int16])] if target == "xnnpack" else []),
-            # pads and maxima ExecuTorch 1.5.1's XNNPACK partitioner claims but cannot compile
-            # (etkit_partition.pads, etkit_partition.reductions)
+            # pads ExecuTorch 1.5.1's partitioners claim but cannot compile (etkit_partition.pads);
+            # not yet DetagMaximaOverChannels: on kornia's warps it left a dependency cycle
             *([DetagQuantizedPads()] if target == "xnnpack" else []),
-            *([DetagMaximaOverChannels()] if target == "xnnpack" else []),
             # a VGF cannot end in a quantize of a float result (etkit_partition.float_results)
             *([DetagQuantizeOfFloatResults()] if target == "vgf" else []),
         ],
