@@ -169,9 +169,10 @@ def requantize_shared_inputs(model: GraphModule) -> list[str]:
     inputs were requantized; the graph is recompiled when there are any."""
     rewritten: list[str] = []
     for node in list(model.graph.nodes):
-        if node.op != "call_function" or _op_name(node) not in SHARED_PARAMETER_OPS:
+        name = _op_name(node) if node.op == "call_function" else ""
+        if name not in SHARED_PARAMETER_OPS:
             continue
-        if _op_name(node) == "aten::pad" and _pad_mode(node) == "constant":
+        if name == "aten::pad" and _pad_mode(node) == "constant":
             continue  # XNNPACK's partitions then formed a cycle around DetagQuantizedPads
         users = _output_quantizes(node)
         if users is None:
@@ -180,7 +181,7 @@ def requantize_shared_inputs(model: GraphModule) -> list[str]:
         out = outputs[0]
         if out is None or not all(o is not None and _same(o, out) for o in outputs):
             continue
-        wanted = _negated(out) if _op_name(node) == "aten::neg" else out
+        wanted = _negated(out) if name == "aten::neg" else out
         if wanted is None:
             continue
         changed = False
