@@ -200,9 +200,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--case", action="append", help="run only cases whose name contains this")
     parser.add_argument("--isa", action="append", help="only these instruction sets")
+    parser.add_argument(
+        "--executorch-lib",
+        type=Path,
+        help="load this libexecutorch.so (which both link to) in place of importing "
+        "executorch.runtime: for a quiet machine without the executorch wheel",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    import executorch.runtime  # noqa: F401  (loads libexecutorch.so, which both link to)
+    if args.executorch_lib:
+        ctypes.CDLL(str(args.executorch_lib), mode=os.RTLD_GLOBAL)
+    else:
+        import executorch.runtime  # noqa: F401  (loads libexecutorch.so, which both link to)
 
     with tempfile.TemporaryDirectory() as folder:
         control_path = Path(folder) / "control.so"

@@ -206,6 +206,12 @@ def test_builds_wheel_and_sdist_with_metadata(dist: Path, distribution: str) -> 
         if requirement.startswith("etkit"):
             assert ">=" in requirement and "<" in requirement, requirement  # a version range
     assert "test" in (metadata.get_all("Provides-Extra") or [])
+    with zipfile.ZipFile(wheel) as archive:
+        # no path of the machine that built it (the native library's rpath included)
+        for name in names:
+            data = archive.read(name)
+            for path in (str(ROOT), sys.prefix, str(SITE)):
+                assert path.encode() not in data, f"{wheel.name}: {name} holds the path {path}"
     if distribution == "etkit-gridsampler":
         assert any(n.startswith("etkit_gridsampler/_native") and n.endswith(".so") for n in names)
         # the C++ sources the NEON tests cross-compile, found through the installed package
