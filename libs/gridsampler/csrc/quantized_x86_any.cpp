@@ -33,7 +33,7 @@
 //    otherwise.
 //
 // The kinds, the set-up and the rows loop are quantized_core.h's; pass 1, the nearest passes and
-// the planar passes' taps are written once for both targets (quantized_x86_pass1.h,
+// the planar passes' taps are written once for both targets (quantized_pass1.h, which NEON shares,
 // quantized_x86_pass2.h, over the Avx512 and Avx2 traits below); what is written here per target
 // is where their instructions differ (step 4 and 5 of bilinear, the channels-last passes).
 #include <algorithm>
@@ -403,7 +403,7 @@ constexpr std::array<int32_t, 8> join_halves(int k) {
   return index;
 }
 
-// ---- the traits: pass 1 (quantized_x86_pass1.h) and the shared parts of pass 2
+// ---- the traits: pass 1 (quantized_pass1.h, shared with NEON) and the shared parts of pass 2
 // (quantized_x86_pass2.h) are written once over them ----
 
 // AVX-512: sixteen lanes; every coordinate form.
@@ -419,14 +419,22 @@ struct Avx512 {
     I bias;
   };
 
+  static constexpr int kPadTo = 1;        // pass 2 reads the block's lanes alone
+  static constexpr bool kGathers = true;  // (the table form: one gather per axis)
+  template <Coordinates>
+  static constexpr bool kStoreEachAxis = false;  // (no tap_store)
+  template <Coordinates kForm, bool kNearest, typename Registers>
+  static void tap_store(I, const Registers&, int32_t*);
   ETKIT_AVX512 static I load(const int32_t* values) { return _mm512_load_si512(values); }
   ETKIT_AVX512 static void store(int32_t* values, I v) { _mm512_store_si512(values, v); }
 
-  // The (x, y) pairs of sixteen grid points, each axis sign-extended to int32 lanes.
+  // The (x, y) pairs of sixteen grid points (grid_x is 2), each axis sign-extended to int32
+  // lanes: masked loads, for any count of lanes left.
   static constexpr bool kPairLoads = true;
+  static constexpr bool kPairLoadsMasked = true;
   template <typename GridT>
-  ETKIT_AVX512 static void load_pairs_xy(const GridT* grid, int64_t i, int64_t count, I* gx,
-                                         I* gy) {
+  ETKIT_AVX512 static void load_pairs_xy(const GridT* grid, int64_t, int64_t i, int64_t count,
+                                         I* gx, I* gy) {
     if constexpr (std::is_same_v<GridT, int16_t>) {
       const I xy = _mm512_maskz_loadu_epi32(lane_mask(count - i), grid + i * 2);
       *gx = _mm512_srai_epi32(_mm512_slli_epi32(xy, 16), 16);
@@ -593,6 +601,12 @@ struct Avx2 {
     I bias;
   };
 
+  static constexpr int kPadTo = 1;
+  static constexpr bool kGathers = true;
+  template <Coordinates>
+  static constexpr bool kStoreEachAxis = false;  // (no tap_store)
+  template <Coordinates kForm, bool kNearest, typename Registers>
+  static void tap_store(I, const Registers&, int32_t*);
   ETKIT_AVX2 static I load(const int32_t* values) {
     return _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
   }
@@ -601,8 +615,9 @@ struct Avx2 {
   }
 
   static constexpr bool kPairLoads = false;  // (the grid values are staged)
+  static constexpr bool kPairLoadsMasked = false;
   template <typename GridT>
-  static void load_pairs_xy(const GridT*, int64_t, int64_t, I*, I*);
+  static void load_pairs_xy(const GridT*, int64_t, int64_t, int64_t, I*, I*);
   template <typename GridT>
   static I load_pairs(const GridT*, int64_t, int64_t);  // (no split form)
 
@@ -725,18 +740,18 @@ struct Avx2 {
 
 namespace avx512 {
 using V = Avx512;
-#define ETKIT_X86_TARGET ETKIT_AVX512
-#include "quantized_x86_pass1.h"
+#define ETKIT_TARGET ETKIT_AVX512
+#include "quantized_pass1.h"
 #include "quantized_x86_pass2.h"
-#undef ETKIT_X86_TARGET
+#undef ETKIT_TARGET
 }  // namespace avx512
 
 namespace avx2 {
 using V = Avx2;
-#define ETKIT_X86_TARGET ETKIT_AVX2
-#include "quantized_x86_pass1.h"
+#define ETKIT_TARGET ETKIT_AVX2
+#include "quantized_pass1.h"
 #include "quantized_x86_pass2.h"
-#undef ETKIT_X86_TARGET
+#undef ETKIT_TARGET
 }  // namespace avx2
 
 // ---- pass 2, bilinear, planar images and 2 channels: every pixel on the vector path ----

@@ -1,7 +1,7 @@
 // The parts of quantized_x86_any.cpp's second passes whose control flow is the same on both x86
-// targets, written once over their traits (as quantized_x86_pass1.h, and included the same way:
+// targets, written once over their traits (as quantized_pass1.h, and included the same way:
 // once per target, inside a namespace that names the traits `V` (Avx512, Avx2) and with
-// ETKIT_X86_TARGET its target attribute). What the traits give: lanes and their masks (AVX-512
+// ETKIT_TARGET its target attribute). What the traits give: lanes and their masks (AVX-512
 // mask registers, AVX2 lanes of all ones), loads, gathers and byte packing, step 5's registers
 // and the stores of raw image values (AVX-512: a vpermt2b table; AVX2: the arithmetic of
 // requantize8). What stays per target in quantized_x86_any.cpp is where the instructions differ:
@@ -14,9 +14,9 @@
 // clamped to `limit` (the last offset a 32-bit load may read without passing the image's end),
 // shifted so that byte 0 is the one at offsets + `shift` bytes (shift may be negative: then
 // bytes enter from below as zeros).
-ETKIT_X86_TARGET inline typename V::I gather_row(const int8_t* base, typename V::I offsets,
-                                                 typename V::I shift_bits, bool shifted,
-                                                 typename V::I limit, bool clamp_end) {
+ETKIT_TARGET inline typename V::I gather_row(const int8_t* base, typename V::I offsets,
+                                             typename V::I shift_bits, bool shifted,
+                                             typename V::I limit, bool clamp_end) {
   using I = typename V::I;
   if (!shifted && !clamp_end) {
     return V::gather32(offsets, base);
@@ -50,14 +50,14 @@ struct PlanarBounds {
   bool small_stride;
 };
 
-ETKIT_X86_TARGET inline PlanarBounds planar_bounds(const Setup& s) {
+ETKIT_TARGET inline PlanarBounds planar_bounds(const Setup& s) {
   return {V::set1(s.width - 1), V::set1(s.height - 1), V::set1(s.width - 2),
           V::set1(static_cast<int32_t>(s.stride_y)), s.stride_y < (1 << 15)};
 }
 
 // The taps of the row of lanes from pixel i (pass 1's Q: x0 = Q >> 15).
 template <int kBytes>
-ETKIT_X86_TARGET inline PlanarTaps planar_taps(const Coords& c, int64_t i, const PlanarBounds& b) {
+ETKIT_TARGET inline PlanarTaps planar_taps(const Coords& c, int64_t i, const PlanarBounds& b) {
   using I = typename V::I;
   using M = typename V::M;
   const I x0 = V::template srai<kWeightBits>(V::load(c.x + i));
@@ -105,9 +105,9 @@ ETKIT_X86_TARGET inline PlanarTaps planar_taps(const Coords& c, int64_t i, const
 // The source pixels' bytes (the image zero point where outside the image), by the kind's
 // gathers or loads, in output order, then step 5 (V::store_raw).
 template <Kind kKind, typename OutT>
-ETKIT_X86_TARGET __attribute__((noinline)) void nearest_block(const Coords& c, int64_t count,
-                                                              const Setup& s, const Run& r,
-                                                              int64_t first) {
+ETKIT_TARGET __attribute__((noinline)) void nearest_block(const Coords& c, int64_t count,
+                                                          const Setup& s, const Run& r,
+                                                          int64_t first) {
   using I = typename V::I;
   using M = typename V::M;
   constexpr int kLanes = V::kLanes;
@@ -131,7 +131,7 @@ ETKIT_X86_TARGET __attribute__((noinline)) void nearest_block(const Coords& c, i
     if (c.batched) {
       offsets = V::add_where(valid, offsets, V::load(c.plane + i));
     }
-    const auto gather32 = [&](const int8_t* plane, int64_t plane_offset) ETKIT_X86_TARGET {
+    const auto gather32 = [&](const int8_t* plane, int64_t plane_offset) ETKIT_TARGET {
       if (plane_offset + c.plane_max + reach <= s.extent) {
         return V::gather32(zero_raw, valid, offsets, plane);
       }
