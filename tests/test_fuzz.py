@@ -162,6 +162,7 @@ FINDING_SEEDS = {
     (2218, "xnnpack"): "4 logits rounding one way (the bias rule's standard error)",
     (2302, "xnnpack"): "one of 2 logits 3 steps off (the share rule's one value)",
     (2333, "xnnpack"): "a nearest sampler at a computed grid (amplified rounding)",
+    (4072, "xnnpack"): "an input whose only reader normalize removed (kept, float, unquantized)",
 }
 
 

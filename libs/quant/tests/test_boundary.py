@@ -547,3 +547,31 @@ def test_a_float_output_fused_with_its_conv_leaves_the_conv_integer(base: object
     (relu,) = dequantize_output.users
     assert relu.target == torch.ops.aten.relu.default
     assert [u.op for u in relu.users] == ["output"]
+
+
+class IgnoresItsSecondInput(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 1)
+
+    def forward(self, image: torch.Tensor, unused: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(self.conv(image), -1, 1)
+
+
+def test_an_input_nothing_reads_keeps_its_place_and_is_left_alone() -> None:
+    """input_qspecs index every user input: one the model ignores (or whose readers a
+    normalization removed) keeps its place, so a qspec per argument still fits, and it gets no
+    quantize of its own."""
+    quantizer = BoundaryQuantizer(
+        vgf_base(), input_qspecs=(snorm8(), snorm16()), output_qspecs=(snorm8(),)
+    )
+    gm = quantize(IgnoresItsSecondInput().eval(), (rand(1, 3, 8, 8), rand(1, 2, 8, 8)), quantizer)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert [len(n.users) for n in placeholders] == [1, 0]
+    (reader,) = placeholders[0].users
+    assert is_quantize(reader)
+    assert (f32(reader.args[1]), *reader.args[2:5]) == SNORM8[:4]
+    # the count is of every user input: one qspec for two arguments is still refused
+    short = BoundaryQuantizer(vgf_base(), input_qspecs=(snorm8(),), output_qspecs=(snorm8(),))
+    with pytest.raises(ValueError, match="input_qspecs has 1 entries but the model has 2 user"):
+        quantize(IgnoresItsSecondInput().eval(), (rand(1, 3, 8, 8), rand(1, 2, 8, 8)), short)

@@ -63,8 +63,10 @@ def _check_qspec(qspec: object, what: str, boundary: bool) -> QuantizationSpec |
 
 
 def user_inputs(model: GraphModule) -> list[Node]:
-    """The graph's user inputs that have users, in order: what ``input_qspecs`` index."""
-    return [n for n in model.graph.nodes if n.op == "placeholder" and n.users]
+    """The graph's user inputs, in order: what ``input_qspecs`` index. An input nothing reads
+    (a model's argument it ignores, or one whose only readers a normalization removed) keeps
+    its place and is left unannotated."""
+    return [n for n in model.graph.nodes if n.op == "placeholder"]
 
 
 def user_outputs(model: GraphModule) -> list[Node]:
@@ -78,7 +80,7 @@ def user_outputs(model: GraphModule) -> list[Node]:
 class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
     """A PT2E ``Quantizer`` that runs ``base`` and then:
 
-    - gives user input ``k`` (the k-th placeholder that has users) ``input_qspecs[k]`` and the
+    - gives user input ``k`` ``input_qspecs[k]`` (one nothing reads is left alone) and the
       producer of graph output ``k`` ``output_qspecs[k]`` (``None``: that input or output stays
       float); the consumers of those tensors share the boundary's parameters;
     - gives every grid sampler its image, grid and output qspecs (``None``: float); with
@@ -212,7 +214,8 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             if is_grid_sampler(node):
                 self._annotate_grid_sampler(node)
         for node, qspec in zip(inputs, self.input_qspecs, strict=True):
-            self._annotate_boundary(node, qspec, f"input {node.name}")
+            if node.users:  # (an input nothing reads has nothing to quantize)
+                self._annotate_boundary(node, qspec, f"input {node.name}")
         seen: dict[Node, QuantizationSpec | None] = {}
         for k, (node, qspec) in enumerate(zip(outputs, self.output_qspecs, strict=True)):
             if node in seen and seen[node] != qspec:

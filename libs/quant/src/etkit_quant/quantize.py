@@ -10,7 +10,7 @@ from torch.fx import GraphModule
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e, prepare_qat_pt2e
 from torchao.quantization.pt2e.quantizer import Quantizer
 
-from etkit_quant.boundary import BoundaryQuantizer, own_constants
+from etkit_quant.boundary import BoundaryQuantizer, own_constants, user_inputs
 from etkit_quant.calibration import OnSample, check_calibration
 from etkit_quant.requantize import requantize_shared_inputs
 
@@ -60,7 +60,7 @@ def quantize(
     # conv's weights in place): the caller's model must not see it.
     own_constants(graph_module)
     if isinstance(quantizer, BoundaryQuantizer):
-        num_inputs = sum(1 for n in graph_module.graph.nodes if n.op == "placeholder" and n.users)
+        num_inputs = len(user_inputs(graph_module))
         num_outputs = len(exported.graph_signature.user_outputs)
         quantizer.check_counts(num_inputs, num_outputs)
     prepare = prepare_qat_pt2e if is_qat else prepare_pt2e

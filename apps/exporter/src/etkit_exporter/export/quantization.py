@@ -4,6 +4,7 @@ grid-position qspecs composed over it (``BoundaryQuantizer``), calibrated ranges
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -89,7 +90,9 @@ def boundary_quantizer(
     def chosen(value: SamplerQSpec, default: QuantizationSpec) -> QuantizationSpec | None:
         return default if isinstance(value, Calibrated) else value
 
-    input_qspecs = quant.inputs if quant.inputs is not None else defaults.input_qspecs
+    input_qspecs = _unread_inputs_float(
+        exported, quant.inputs if quant.inputs is not None else defaults.input_qspecs
+    )
     output_qspecs = quant.outputs if quant.outputs is not None else defaults.output_qspecs
     observed_boundaries = list(zip(observation.inputs, input_qspecs, strict=False)) + list(
         zip(observation.outputs, output_qspecs, strict=False)
@@ -119,6 +122,24 @@ def boundary_quantizer(
         )
         saturations = saturation_report(observation, quantizer)
     return quantizer, saturations, coordinates
+
+
+def _unread_inputs_float(
+    exported: ExportedProgram, qspecs: Sequence[QuantizationSpec | None]
+) -> tuple[QuantizationSpec | None, ...]:
+    """``qspecs`` (one per user input), with ``None`` for each input the program does not read
+    (an argument the model ignores, or one whose only readers ``normalize`` removed as dead): the
+    program takes it as it is, in float, and its IO parameters say so."""
+    names = set(exported.graph_signature.user_inputs)
+    placeholders = [n for n in exported.graph.nodes if n.op == "placeholder" and n.name in names]
+    if len(placeholders) != len(qspecs):
+        return tuple(qspecs)  # (the count is checked, with its own error, right after)
+    chosen = list(qspecs)
+    for k, node in enumerate(placeholders):
+        if not node.users and chosen[k] is not None:
+            logger.warning("input %d (%s) is not read by the program: it stays float", k, node.name)
+            chosen[k] = None
+    return tuple(chosen)
 
 
 def fixed_boundaries_fit_samplers(
