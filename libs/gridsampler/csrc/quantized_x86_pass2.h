@@ -154,6 +154,16 @@ ETKIT_TARGET __attribute__((noinline)) void nearest_block(const Coords& c, int64
     } else if constexpr (kKind == Kind::kNear4) {
       V::store_raw(V::gather32(zero_raw, valid, offsets, r.plane), f, out + (first + i) * 4,
                    4 * n);
+    } else if constexpr (kKind == Kind::kNear8 && V::kStagedRaw) {
+      // 64-bit gathers, half the lanes each, staged: one step 5 for the block's bytes
+      constexpr int kHalf = kLanes / 2;
+      alignas(64) int8_t staged[8 * kLanes];
+      V::store_bytes(staged, V::template gather64<0>(zero_raw, valid, offsets, r.plane));
+      if (n > kHalf) {
+        V::store_bytes(staged + 8 * kHalf,
+                       V::template gather64<1>(zero_raw, valid, offsets, r.plane));
+      }
+      V::store_staged(staged, f, out + (first + i) * 8, 8 * n);
     } else if constexpr (kKind == Kind::kNear8) {
       // 64-bit gathers, half the lanes each
       constexpr int kHalf = kLanes / 2;
@@ -167,10 +177,36 @@ ETKIT_TARGET __attribute__((noinline)) void nearest_block(const Coords& c, int64
       alignas(64) int32_t at[kLanes];
       V::store(at, offsets);
       const int inside = V::bits(valid);
-      for (int64_t j = 0; j < n; ++j) {
-        for (int64_t h = 0; h < channels; h += 16) {
-          const __m128i raw = (inside >> j) & 1 ? load16(r.plane + at[j] + h) : V::low128(zero_raw);
-          V::store_raw(V::from128(raw), f, out + (first + i + j) * channels + h, 16);
+      if constexpr (V::kStagedRaw) {
+        // The block's output is n pixels of `channels` bytes, one after another: staged 128
+        // bytes at a time, one step 5 per 128 bytes.
+        constexpr int64_t kStage = 128;
+        alignas(64) int8_t staged[kStage];
+        OutT* to = out + (first + i) * channels;
+        int64_t filled = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          for (int64_t h = 0; h < channels; h += 16) {
+            const __m128i raw =
+                (inside >> j) & 1 ? load16(r.plane + at[j] + h) : V::low128(zero_raw);
+            _mm_store_si128(reinterpret_cast<__m128i*>(staged + filled), raw);
+            filled += 16;
+            if (filled == kStage) {
+              V::store_staged(staged, f, to, kStage);
+              to += kStage;
+              filled = 0;
+            }
+          }
+        }
+        if (filled > 0) {
+          V::store_staged(staged, f, to, filled);
+        }
+      } else {
+        for (int64_t j = 0; j < n; ++j) {
+          for (int64_t h = 0; h < channels; h += 16) {
+            const __m128i raw =
+                (inside >> j) & 1 ? load16(r.plane + at[j] + h) : V::low128(zero_raw);
+            V::store_raw(V::from128(raw), f, out + (first + i + j) * channels + h, 16);
+          }
         }
       }
     }
