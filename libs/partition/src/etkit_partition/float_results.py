@@ -21,13 +21,10 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from etkit_partition.policies import TAG_KEY
+from etkit_quant.boundary import ARM_ANNOTATION_INFO_KEY
 from etkit_quant.graph import is_dequantize, is_quantize, is_shape_op, target_name
 
 logger = logging.getLogger(__name__)
-
-# What ExecuTorch's Arm quantizer records in ``node.meta["custom"]`` (and etkit's
-# BoundaryQuantizer for the ops it leaves float).
-_ARM_ANNOTATION_INFO: Final = "_arm_annotation_info"
 
 
 def _is_float(node: Node) -> bool:
@@ -79,7 +76,7 @@ def _marked_quantized(node: Node) -> bool:
     float (the coordinate arithmetic before a grid sampler's int16 grid) gets a quantize of its
     own, and its VGF declares the integer output."""
     custom = node.meta.get("custom")
-    info = custom.get(_ARM_ANNOTATION_INFO) if isinstance(custom, dict) else None
+    info = custom.get(ARM_ANNOTATION_INFO_KEY) if isinstance(custom, dict) else None
     return info is None or bool(info.get("quantized", True))
 
 
