@@ -19,8 +19,11 @@ means nothing (NEON instructions are emulated by helper calls) and is not report
 Cases: those of bench/gridsampler_bench.py (1080p RGBA bilinear with a smooth flow near identity
 and border padding, the same with nearest sampling, RGB, RGBA stored NCHW, a RAFT-style
 correlation lookup, 540p feature maps of 8 and 16 channels) and a 540p map of 5 channels (the
-layout whose taps the NEON kernel reads one by one); int8 images, int16 SNORM16 grids, int8
-SNORM8 outputs.
+layout whose taps the NEON kernel reads one by one); and nearest sampling in every kind of its
+second pass: planar, 2, 3, 4, 8, 16 and 5 channels (the last any layout's pass); step 5 of
+nearest is a table of the 256 byte values, or a copy where the output's quantization is the
+image's ("bytes copied": SNORM8 clamps -128). int8 images, int16 SNORM16 grids, int8 outputs
+(SNORM8 but where said).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Workload:
     mode: str = "bilinear"
     nchw: bool = False
     lookup: bool = False  # 9 x 9 samples around a point per 46 x 62 one-channel map
+    output_min: int = -127  # SNORM8 clamps an image's -128; with -128, nearest copies the bytes
 
 
 WORKLOADS = [
@@ -67,6 +71,14 @@ WORKLOADS = [
     Workload("540p 8 channels bilinear", 8, 540, 960),
     Workload("540p 16 channels bilinear", 16, 540, 960),
     Workload("540p 5 channels bilinear", 5, 540, 960),
+    Workload("1080p RGBA nearest, bytes copied", 4, 1080, 1920, "nearest", output_min=-128),
+    Workload("1080p RGBA nearest, NCHW", 4, 1080, 1920, mode="nearest", nchw=True),
+    Workload("1080p RGB nearest", 3, 1080, 1920, mode="nearest"),
+    Workload("540p 2 channels nearest", 2, 540, 960, mode="nearest"),
+    Workload("540p 8 channels nearest", 8, 540, 960, mode="nearest"),
+    Workload("540p 16 channels nearest", 16, 540, 960, mode="nearest"),
+    Workload("540p 16 channels nearest, bytes copied", 16, 540, 960, "nearest", output_min=-128),
+    Workload("540p 5 channels nearest", 5, 540, 960, mode="nearest"),
 ]
 
 
@@ -88,7 +100,8 @@ def cases(w: Workload, size: int) -> list[neon_qemu.Case]:
         if not w.nchw:
             image = image.contiguous(memory_format=torch.channels_last)
         grid = quantize_grid(smooth_flow_grid(w.height, w.width)[:, :size])
-        op = GridSampleOp(w.mode, "border", False, SNORM8, SNORM16, SNORM8)  # type: ignore[arg-type]
+        output = QParams(1 / 127, 0, w.output_min, 127, torch.int8)
+        op = GridSampleOp(w.mode, "border", False, SNORM8, SNORM16, output)  # type: ignore[arg-type]
     expected = cpu.grid_sample(image, grid, op, isa="scalar")
     return [
         neon_qemu.Case(image, grid, op, expected.stride(), isa=isa) for isa in ("scalar", "neon")
@@ -169,7 +182,7 @@ def main() -> None:
             for scalar, neon in zip(outputs["scalar"], outputs["neon"], strict=True):
                 assert torch.equal(scalar, neon), f"{w.name}: NEON differs from scalar"
             print(
-                f"| {w.name} | {pixels} | {per_pixel['scalar']:.1f} | {per_pixel['neon']:.1f} | "
+                f"| {w.name} | {pixels} | {per_pixel['scalar']:.2f} | {per_pixel['neon']:.2f} | "
                 f"{per_pixel['scalar'] / per_pixel['neon']:.2f}x |",
                 flush=True,
             )

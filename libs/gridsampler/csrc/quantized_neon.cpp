@@ -32,7 +32,8 @@
 //    Step 4 is exact in 16-bit products (see Taps), step 5 the halves-to-even shift of the
 //    scalar requantize in 32-bit lanes where the multiplier is small, else in 64-bit lanes.
 //
-// The kinds, the set-up and the rows loop are quantized_core.h's, shared with the x86 kernels.
+// The kinds, the set-up and the rows loop are quantized_core.h's, pass 1 and the nearest pass's
+// walk quantized_pass1.h's and quantized_nearest.h's, shared with the x86 kernels.
 #include "quantized_neon.h"
 
 #if defined(__aarch64__)
@@ -227,6 +228,9 @@ ETKIT_INLINE inline int32x4_t exact_tap(int32x4_t q, const ExactRegisters& a) {
 struct Neon {
   static constexpr int kLanes = 8;
   static constexpr int kPadTo = kGroup;
+  static constexpr int kNearestGroup = kGroup;  // nearest: pixels per group
+  static constexpr bool kNearestStrided = true;  // nearest of any layout
+  static constexpr bool kStagedRaw = false;      // nearest: step 5 per sixteen raw bytes
   static constexpr bool kGathers = false;
   struct I {
     int32x4_t low, high;
@@ -550,21 +554,6 @@ ETKIT_INLINE inline void bilinear_group(const int32_t* qx, const int32_t* qy, co
   }
   vst1q_s32_x4(g->off, (int32x4x4_t{{tap_offsets(x0, y0, k), tap_offsets(x1, y1, k),
                                      tap_offsets(x2, y2, k), tap_offsets(x3, y3, k)}}));
-}
-
-// The offsets of sixteen pixels' nearest source pixels within their plane, or -1 outside.
-ETKIT_INLINE inline void nearest_offsets(const int32_t* nx, const int32_t* ny, const Setup& s, int32_t* off) {
-  const uint32x4_t width = vdupq_n_u32(static_cast<uint32_t>(s.width));
-  const uint32x4_t height = vdupq_n_u32(static_cast<uint32_t>(s.height));
-  const int32x4_t stride_x = vdupq_n_s32(static_cast<int32_t>(s.stride_x));
-  const int32x4_t stride_y = vdupq_n_s32(static_cast<int32_t>(s.stride_y));
-  for (int k = 0; k < kGroup; k += 4) {
-    const int32x4_t x = vld1q_s32(nx + k), y = vld1q_s32(ny + k);
-    const uint32x4_t inside = vandq_u32(vcltq_u32(vreinterpretq_u32_s32(x), width),
-                                        vcltq_u32(vreinterpretq_u32_s32(y), height));
-    const int32x4_t offset = vmlaq_s32(vmulq_s32(x, stride_x), y, stride_y);
-    vst1q_s32(off + k, vorrq_s32(offset, vreinterpretq_s32_u32(vmvnq_u32(inside))));
-  }
 }
 
 // One row of a pixel's taps, (x0, y) and (x0 + 1, y), `bytes` each, into `slot`: a tap outside the
@@ -1058,91 +1047,143 @@ ETKIT_INLINE inline void store_raw16(int8x16_t raw, const Finish& f, OutT* out, 
   }
 }
 
-// kC: 1 (planar, per plane), 2, 3, 4, 8 channels-last: the source pixels' bytes are copied in
-// output order (for int8 output with the identity table, straight into the output), then step 5;
-// 16 (a multiple of 16): sixteen channels of a pixel at a time. kStrided (kC = 1, any layout): per
-// channel, the outputs stored output_x apart.
-template <int kC, typename OutT, bool kStrided = false>
-__attribute__((noinline)) void nearest_block(const Coords& c, int64_t count, const Setup& s,
-                                             const Finish& finish, const Run& r, int64_t first) {
-  const Finish f = finish;  // a local copy: no output store can alias it
-  const int64_t planes = kC == 1 ? s.channels : 1;
-  const uint8_t zero = static_cast<uint8_t>(s.image_zero);
+// ---- pass 2, nearest: NEON's part of the shared pass (quantized_nearest.h) ----
+
+ETKIT_INLINE inline Finish nearest_step5(const Setup& s) { return finish_registers(s); }
+
+// The image's bounds and strides in registers, and its zero point in every byte.
+struct NearestBounds {
+  uint32x4_t width, height;
+  int32x4_t stride_x, stride_y;
+  int8x16_t zero16;
+  uint8_t zero;  // (read once: the output's bytes may alias the set-up)
+};
+
+ETKIT_INLINE inline NearestBounds nearest_bounds(const Setup& s) {
+  return {vdupq_n_u32(static_cast<uint32_t>(s.width)),
+          vdupq_n_u32(static_cast<uint32_t>(s.height)),
+          vdupq_n_s32(static_cast<int32_t>(s.stride_x)),
+          vdupq_n_s32(static_cast<int32_t>(s.stride_y)),
+          vdupq_n_s8(s.image_zero),
+          static_cast<uint8_t>(s.image_zero)};
+}
+
+// A group of sixteen pixels (pass 1 wrote every lane of it: kPadTo): the offsets of their source
+// pixels within their plane, or -1 outside.
+struct NearestGroup {
   alignas(16) int32_t off[kGroup];
-  alignas(16) uint8_t staged[kGroup * (kC == 16 ? 1 : kC)];
-  for (int64_t i = 0; i < count; i += kGroup) {
-    const int n = static_cast<int>(std::min<int64_t>(kGroup, count - i));
-    nearest_offsets(c.x + i, c.y + i, s, off);
-    if constexpr (kC == 16) {
-      const int64_t channels = s.channels;
-      for (int j = 0; j < n; ++j) {
-        OutT* const out = static_cast<OutT*>(r.out) + (first + i + j) * channels;
-        if (off[j] >= 0) {
-          const int8_t* const source = r.image + c.plane[i + j] + off[j];
-          for (int64_t h = 0; h < channels; h += 16) {
-            store_raw16(vld1q_s8(source + h), f, out + h, 16);
-          }
-        } else {
-          for (int64_t h = 0; h < channels; h += 16) {
-            store_raw16(f.image_zero, f, out + h, 16);
-          }
-        }
-      }
-    } else if constexpr (kStrided) {
-      for (int64_t ch = 0; ch < planes; ++ch) {
-        const int8_t* const image = r.image + ch * s.stride_c;
-        for (int j = 0; j < n; ++j) {
-          staged[j] = off[j] >= 0 ? static_cast<uint8_t>(image[c.plane[i + j] + off[j]]) : zero;
-        }
-        const int8x16_t raw = vld1q_s8(reinterpret_cast<const int8_t*>(staged));
-        OutT* const out = static_cast<OutT*>(r.out) + (first + i) * r.output_x + ch * r.output_c;
-        if constexpr (std::is_same_v<OutT, int8_t>) {
-          store_strided(table_lookup(raw, f), out, r.output_x, n);
-        } else {
-          float32x4_t values[4];
-          raw_to_float(raw, f, values);
-          store_strided(values, out, r.output_x, n);
-        }
-      }
+  const int8_t* element;  // the first pixel's batch element in the image
+  bool one_element;       // every pixel's
+};
+
+ETKIT_INLINE inline NearestGroup nearest_group(const Coords& c, int64_t i, int64_t n,
+                                               const NearestBounds& b, const Run& r) {
+  NearestGroup g;
+  g.element = r.image + c.plane[i];
+  g.one_element = c.plane[i] == c.plane[i + n - 1];
+  for (int k = 0; k < kGroup; k += 4) {
+    const int32x4_t x = vld1q_s32(c.x + i + k), y = vld1q_s32(c.y + i + k);
+    const uint32x4_t inside = vandq_u32(vcltq_u32(vreinterpretq_u32_s32(x), b.width),
+                                        vcltq_u32(vreinterpretq_u32_s32(y), b.height));
+    const int32x4_t offset = vmlaq_s32(vmulq_s32(x, b.stride_x), y, b.stride_y);
+    vst1q_s32(g.off + k, vorrq_s32(offset, vreinterpretq_s32_u32(vmvnq_u32(inside))));
+  }
+  return g;
+}
+
+// The group's n pixels' bytes, kC each from the plane `channel` bytes into the image (the image
+// zero point outside), copied in output order (for int8 output with the identity table, straight
+// into the output), then step 5; kStrided (kC = 1, any layout): the outputs stored output_x
+// apart.
+template <int kC, bool kStrided, typename OutT>
+ETKIT_INLINE inline void nearest_pixels(const NearestGroup& g, const NearestBounds& b,
+                                        const Coords& c, int64_t i, int64_t count, const Setup&,
+                                        const Run& r, int64_t channel, const Finish& f, OutT* out) {
+  const int n = static_cast<int>(count);
+  const int32_t* const off = g.off;
+  const int8_t* const image = r.image + channel;
+  const uint8_t zero = b.zero;
+  alignas(16) uint8_t staged[kGroup * kC];
+  if constexpr (kStrided) {
+    for (int j = 0; j < n; ++j) {
+      staged[j] = off[j] >= 0 ? static_cast<uint8_t>(image[c.plane[i + j] + off[j]]) : zero;
+    }
+    const int8x16_t raw = vld1q_s8(reinterpret_cast<const int8_t*>(staged));
+    if constexpr (std::is_same_v<OutT, int8_t>) {
+      store_strided(table_lookup(raw, f), out, r.output_x, n);
     } else {
-      for (int64_t ch = 0; ch < planes; ++ch) {
-        const int8_t* const image = r.image + ch * s.stride_c;
-        OutT* const out =
-            static_cast<OutT*>(r.out) + (kC == 1 ? first + i + ch * r.output_c : (first + i) * kC);
-        const bool direct = std::is_same_v<OutT, int8_t> && f.identity_table;
-        uint8_t* const to = direct ? reinterpret_cast<uint8_t*>(out) : staged;
-        int j = 0;
-        if (c.plane[i] == c.plane[i + n - 1]) {
-          // one batch element: four pixels at a time while they are all inside
-          const int8_t* const plane = image + c.plane[i];
-          const auto copy = [&](int k) ETKIT_INLINE {
-            std::memcpy(to + kC * k, plane + off[k], kC);
-          };
-          for (; j + 4 <= n && vminvq_s32(vld1q_s32(off + j)) >= 0; j += 4) {
-            copy(j);
-            copy(j + 1);
-            copy(j + 2);
-            copy(j + 3);
+      float32x4_t values[4];
+      raw_to_float(raw, f, values);
+      store_strided(values, out, r.output_x, n);
+    }
+  } else {
+    const bool direct = std::is_same_v<OutT, int8_t> && f.identity_table;
+    uint8_t* const to = direct ? reinterpret_cast<uint8_t*>(out) : staged;
+    int j = 0;
+    if (g.one_element) {
+      // one batch element: four pixels at a time while they are all inside
+      const int8_t* const plane = g.element + channel;
+      const auto copy = [&](int k) ETKIT_INLINE { std::memcpy(to + kC * k, plane + off[k], kC); };
+      if constexpr (kC == 1) {
+        // (four rounds at most, each its own exit: GCC unrolls them, as it does the loop below
+        // for more channels; about 5 fewer instructions per pixel for NCHW RGBA under qemu)
+        for (int round = 0; round < kGroup / 4; ++round, j += 4) {
+          if (j + 4 > n || vminvq_s32(vld1q_s32(off + j)) < 0) {
+            break;
           }
+          copy(j);
+          copy(j + 1);
+          copy(j + 2);
+          copy(j + 3);
         }
-        for (; j < n; ++j) {
-          if (off[j] >= 0) {
-            std::memcpy(to + kC * j, image + c.plane[i + j] + off[j], kC);
-          } else {
-            std::memset(to + kC * j, zero, kC);
-          }
+      } else {
+        for (; j + 4 <= n && vminvq_s32(vld1q_s32(off + j)) >= 0; j += 4) {
+          copy(j);
+          copy(j + 1);
+          copy(j + 2);
+          copy(j + 3);
         }
-        if (!direct) {
-          const int64_t bytes = int64_t(n) * kC;
-          for (int64_t k = 0; k < bytes; k += 16) {
-            store_raw16(vld1q_s8(reinterpret_cast<const int8_t*>(staged + k)), f, out + k,
-                        bytes - k);
-          }
-        }
+      }
+    }
+    for (; j < n; ++j) {
+      if (off[j] >= 0) {
+        std::memcpy(to + kC * j, image + c.plane[i + j] + off[j], kC);
+      } else {
+        std::memset(to + kC * j, zero, kC);
+      }
+    }
+    if (!direct) {
+      const int64_t bytes = int64_t(n) * kC;
+      for (int64_t k = 0; k < bytes; k += 16) {
+        store_raw16(vld1q_s8(reinterpret_cast<const int8_t*>(staged + k)), f, out + k, bytes - k);
       }
     }
   }
 }
+
+// 16k channels: each pixel's first byte, or the image zero point outside.
+struct NearestSources {
+  const int32_t* off;
+  const int64_t* plane;
+  const int8_t* image;
+  ETKIT_INLINE int8x16_t raw16(int64_t j, int64_t h, const NearestBounds& b) const {
+    return off[j] >= 0 ? vld1q_s8(image + plane[j] + off[j] + h) : b.zero16;
+  }
+};
+
+ETKIT_INLINE inline NearestSources nearest_sources(const NearestGroup& g, const Coords& c,
+                                                   int64_t i, const Run& r) {
+  return {g.off, c.plane + i, r.image};
+}
+
+template <typename Raw>
+void store_bytes16(int8_t*, Raw);  // (none: NEON does not stage raw bytes, kStagedRaw)
+
+namespace neon {
+#define ETKIT_TARGET
+#include "quantized_nearest.h"
+#undef ETKIT_TARGET
+}  // namespace neon
 
 // ---- the driver ----
 
@@ -1216,25 +1257,13 @@ void second_pass(const Coords& c, int64_t block, const Setup& s, const Finish& f
       bilinear_channels_block<true, OutT>(c, block, s, f, run, first, edge_pixels);
       return;
     case Kind::kNearPlanar:
-      nearest_block<1, OutT>(c, block, s, f, run, first);
-      return;
     case Kind::kNearStrided:
-      nearest_block<1, OutT, true>(c, block, s, f, run, first);
-      return;
     case Kind::kNear2:
-      nearest_block<2, OutT>(c, block, s, f, run, first);
-      return;
     case Kind::kNear3:
-      nearest_block<3, OutT>(c, block, s, f, run, first);
-      return;
     case Kind::kNear4:
-      nearest_block<4, OutT>(c, block, s, f, run, first);
-      return;
     case Kind::kNear8:
-      nearest_block<8, OutT>(c, block, s, f, run, first);
-      return;
     case Kind::kNear16:
-      nearest_block<16, OutT>(c, block, s, f, run, first);
+      neon::nearest_pass<OutT>(c, block, s, run, first);
       return;
     case Kind::kChannels:  // (x86 only)
       return;

@@ -32,10 +32,11 @@
 //    [q00, q01, q10, q11], step 5 its 32-bit requantization where that applies and a 64-bit one
 //    otherwise.
 //
-// The kinds, the set-up and the rows loop are quantized_core.h's; pass 1, the nearest passes and
-// the planar passes' taps are written once for both targets (quantized_pass1.h, which NEON shares,
-// quantized_x86_pass2.h, over the Avx512 and Avx2 traits below); what is written here per target
-// is where their instructions differ (step 4 and 5 of bilinear, the channels-last passes).
+// The kinds, the set-up and the rows loop are quantized_core.h's; pass 1 and the nearest pass
+// are written once with NEON (quantized_pass1.h, quantized_nearest.h), x86's part of the nearest
+// pass and the planar passes' taps once for both targets (quantized_x86_pass2.h), over the
+// Avx512 and Avx2 traits below; what is written here per target is where their instructions
+// differ (step 4 and 5 of bilinear, the channels-last passes).
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -403,12 +404,14 @@ constexpr std::array<int32_t, 8> join_halves(int k) {
   return index;
 }
 
-// ---- the traits: pass 1 (quantized_pass1.h, shared with NEON) and the shared parts of pass 2
-// (quantized_x86_pass2.h) are written once over them ----
+// ---- the traits: pass 1 and the nearest pass (quantized_pass1.h, quantized_nearest.h, shared
+// with NEON) and the shared parts of pass 2 (quantized_x86_pass2.h) are written once over them ----
 
 // AVX-512: sixteen lanes; every coordinate form.
 struct Avx512 {
   static constexpr int kLanes = 16;
+  static constexpr int kNearestGroup = kLanes;  // nearest: pixels per group
+  static constexpr bool kNearestStrided = false;  // (other layouts: the scalar steps)
   using I = __m512i;
   struct Float {  // AxisVector's registers and the grid zero point
     AxisRegisters512 axis;
@@ -595,6 +598,8 @@ struct Avx512 {
 // instead) and no exact one (it needs 64-bit lane operations AVX2 lacks: the scalar steps).
 struct Avx2 {
   static constexpr int kLanes = 8;
+  static constexpr int kNearestGroup = kLanes;
+  static constexpr bool kNearestStrided = false;
   using I = __m256i;
   struct Float {
     AxisRegisters axis;
@@ -759,6 +764,7 @@ using V = Avx512;
 #define ETKIT_TARGET ETKIT_AVX512
 #include "quantized_pass1.h"
 #include "quantized_x86_pass2.h"
+#include "quantized_nearest.h"
 #undef ETKIT_TARGET
 }  // namespace avx512
 
@@ -767,6 +773,7 @@ using V = Avx2;
 #define ETKIT_TARGET ETKIT_AVX2
 #include "quantized_pass1.h"
 #include "quantized_x86_pass2.h"
+#include "quantized_nearest.h"
 #undef ETKIT_TARGET
 }  // namespace avx2
 

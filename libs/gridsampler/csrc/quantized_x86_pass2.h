@@ -4,7 +4,8 @@
 // ETKIT_TARGET its target attribute). What the traits give: lanes and their masks (AVX-512
 // mask registers, AVX2 lanes of all ones), loads, gathers and byte packing, step 5's registers
 // and the stores of raw image values (AVX-512: a vpermt2b table; AVX2: the arithmetic of
-// requantize8). What stays per target in quantized_x86_any.cpp is where the instructions differ:
+// requantize8). The nearest pass's walk (quantized_nearest.h, shared with NEON) calls the part
+// below. What stays per target in quantized_x86_any.cpp is where the instructions differ:
 // step 4 (VNNI dot products, or 16-bit multiply-adds) and the bilinear passes built on it. No
 // include guard, on purpose. Internal to the native library.
 
@@ -100,134 +101,135 @@ ETKIT_TARGET inline PlanarTaps planar_taps(const Coords& c, int64_t i, const Pla
   return t;
 }
 
-// ---- nearest, every kind ----
+// ---- nearest: x86's part of the shared pass (quantized_nearest.h) ----
 
-// The source pixels' bytes (the image zero point where outside the image), by the kind's
-// gathers or loads, in output order, then step 5 (V::store_raw).
-template <Kind kKind, typename OutT>
-ETKIT_TARGET __attribute__((noinline)) void nearest_block(const Coords& c, int64_t count,
-                                                          const Setup& s, const Run& r,
-                                                          int64_t first) {
+// The image's bounds and strides in registers; 32-bit gathers read up to 3 bytes past a pixel:
+// near the image's end (`reach`) their addresses clamp.
+struct NearestBounds {
+  typename V::I last_x, last_y, stride_y, stride_x;
+  bool small;
+  typename V::I zero_raw;  // the image zero point in every byte
+  int64_t reach;
+};
+
+ETKIT_TARGET __attribute__((always_inline)) inline auto nearest_step5(const Setup& s) {
+  return V::step5(s);
+}
+
+ETKIT_TARGET __attribute__((always_inline)) inline NearestBounds nearest_bounds(const Setup& s) {
+  return {V::set1(s.width - 1),
+          V::set1(s.height - 1),
+          V::set1(static_cast<int32_t>(s.stride_y)),
+          V::set1(static_cast<int32_t>(s.stride_x)),
+          s.stride_y < (1 << 15) && s.stride_x < (1 << 15),
+          V::set1_bytes(static_cast<int8_t>(s.image_zero_point)),
+          (s.height - 1) * s.stride_y + (s.width - 1) * s.stride_x + 4};
+}
+
+// A group of V::kLanes pixels: each one's offset from the run's plane (0 outside the image), and
+// which lie inside.
+struct NearestGroup {
+  typename V::I offsets;
+  typename V::M valid;
+};
+
+ETKIT_TARGET __attribute__((always_inline)) inline NearestGroup nearest_group(
+    const Coords& c, int64_t i, int64_t n, const NearestBounds& b, const Run&) {
   using I = typename V::I;
-  using M = typename V::M;
-  constexpr int kLanes = V::kLanes;
-  const auto f = V::step5(s);
-  const I last_x = V::set1(s.width - 1), last_y = V::set1(s.height - 1);
-  const I stride_y = V::set1(static_cast<int32_t>(s.stride_y));
-  const I stride_x = V::set1(static_cast<int32_t>(s.stride_x));
-  const bool small = s.stride_y < (1 << 15) && s.stride_x < (1 << 15);
-  const I zero_raw = V::set1_bytes(static_cast<int8_t>(s.image_zero_point));
-  const int64_t channels = s.channels;
-  // 32-bit gathers read up to 3 bytes past a pixel: near the image's end their addresses clamp
-  const int64_t reach = (s.height - 1) * s.stride_y + (s.width - 1) * s.stride_x + 4;
-  OutT* const out = static_cast<OutT*>(r.out);
-  for (int64_t i = 0; i < count; i += kLanes) {
-    const int64_t n = std::min<int64_t>(kLanes, count - i);
-    const I nx = V::load(c.x + i), ny = V::load(c.y + i);
-    const M valid =
-        V::both(V::lanes(n), V::both(V::at_most(nx, last_x), V::at_most(ny, last_y)));
-    I offsets = V::zero_unless(
-        valid, V::add(V::times_stride(ny, stride_y, small), V::times_stride(nx, stride_x, small)));
-    if (c.batched) {
-      offsets = V::add_where(valid, offsets, V::load(c.plane + i));
+  const I nx = V::load(c.x + i), ny = V::load(c.y + i);
+  const typename V::M valid =
+      V::both(V::lanes(n), V::both(V::at_most(nx, b.last_x), V::at_most(ny, b.last_y)));
+  I offsets = V::zero_unless(valid, V::add(V::times_stride(ny, b.stride_y, b.small),
+                                           V::times_stride(nx, b.stride_x, b.small)));
+  if (c.batched) {
+    offsets = V::add_where(valid, offsets, V::load(c.plane + i));
+  }
+  return {offsets, valid};
+}
+
+// The 32-bit words at the group's offsets from `plane` (at `plane_offset` bytes into the image):
+// the image zero point outside; near the image's end, read from the last word inside and shifted.
+ETKIT_TARGET __attribute__((always_inline)) inline typename V::I nearest_gather32(
+    const NearestGroup& g, const NearestBounds& b, const Coords& c, const Setup& s,
+    const int8_t* plane, int64_t plane_offset) {
+  using I = typename V::I;
+  if (plane_offset + c.plane_max + b.reach <= s.extent) {
+    return V::gather32(b.zero_raw, g.valid, g.offsets, plane);
+  }
+  const I limit = V::set1(static_cast<int32_t>(s.extent - plane_offset - 4));
+  const I address = V::min(g.offsets, limit);
+  const I raw = V::gather32(b.zero_raw, g.valid, address, plane);
+  return V::srlv(raw, V::template slli<3>(V::sub(g.offsets, address)));
+}
+
+// The group's n pixels' bytes, kBytes each from the plane `channel` bytes into the run's, by
+// gathers in output order, then step 5 (V::store_raw) into `out`.
+template <int kBytes, bool kStrided, typename F, typename OutT>
+ETKIT_TARGET __attribute__((always_inline)) inline void nearest_pixels(
+    const NearestGroup& g, const NearestBounds& b, const Coords& c, int64_t, int64_t n,
+    const Setup& s, const Run& r, int64_t channel, const F& f, OutT* out) {
+  static_assert(!kStrided, "x86 runs other layouts by the scalar steps");
+  if constexpr (kBytes <= 3) {
+    const auto raw = nearest_gather32(g, b, c, s, r.plane + channel, r.plane_offset + channel);
+    V::store_raw(V::template pack<kBytes>(raw), f, out, kBytes * n);
+  } else if constexpr (kBytes == 4) {
+    V::store_raw(V::gather32(b.zero_raw, g.valid, g.offsets, r.plane), f, out, 4 * n);
+  } else if constexpr (V::kStagedRaw) {
+    // 64-bit gathers, half the lanes each, staged: one step 5 for the block's bytes
+    constexpr int kHalf = V::kLanes / 2;
+    alignas(64) int8_t staged[8 * V::kLanes];
+    V::store_bytes(staged, V::template gather64<0>(b.zero_raw, g.valid, g.offsets, r.plane));
+    if (n > kHalf) {
+      V::store_bytes(staged + 8 * kHalf,
+                     V::template gather64<1>(b.zero_raw, g.valid, g.offsets, r.plane));
     }
-    const auto gather32 = [&](const int8_t* plane, int64_t plane_offset) ETKIT_TARGET {
-      if (plane_offset + c.plane_max + reach <= s.extent) {
-        return V::gather32(zero_raw, valid, offsets, plane);
-      }
-      const I limit = V::set1(static_cast<int32_t>(s.extent - plane_offset - 4));
-      const I address = V::min(offsets, limit);
-      const I raw = V::gather32(zero_raw, valid, address, plane);
-      return V::srlv(raw, V::template slli<3>(V::sub(offsets, address)));
-    };
-    if constexpr (kKind == Kind::kNearPlanar) {
-      for (int64_t ch = 0; ch < channels; ++ch) {
-        const I raw = gather32(r.plane + ch * s.stride_c, r.plane_offset + ch * s.stride_c);
-        V::store_raw(V::template pack<1>(raw), f, out + first + i + ch * r.output_c, n);
-      }
-    } else if constexpr (kKind == Kind::kNear2) {
-      V::store_raw(V::template pack<2>(gather32(r.plane, r.plane_offset)), f,
-                   out + (first + i) * 2, 2 * n);
-    } else if constexpr (kKind == Kind::kNear3) {
-      V::store_raw(V::template pack<3>(gather32(r.plane, r.plane_offset)), f,
-                   out + (first + i) * 3, 3 * n);
-    } else if constexpr (kKind == Kind::kNear4) {
-      V::store_raw(V::gather32(zero_raw, valid, offsets, r.plane), f, out + (first + i) * 4,
-                   4 * n);
-    } else if constexpr (kKind == Kind::kNear8 && V::kStagedRaw) {
-      // 64-bit gathers, half the lanes each, staged: one step 5 for the block's bytes
-      constexpr int kHalf = kLanes / 2;
-      alignas(64) int8_t staged[8 * kLanes];
-      V::store_bytes(staged, V::template gather64<0>(zero_raw, valid, offsets, r.plane));
-      if (n > kHalf) {
-        V::store_bytes(staged + 8 * kHalf,
-                       V::template gather64<1>(zero_raw, valid, offsets, r.plane));
-      }
-      V::store_staged(staged, f, out + (first + i) * 8, 8 * n);
-    } else if constexpr (kKind == Kind::kNear8) {
-      // 64-bit gathers, half the lanes each
-      constexpr int kHalf = kLanes / 2;
-      V::store_raw(V::template gather64<0>(zero_raw, valid, offsets, r.plane), f,
-                   out + (first + i) * 8, 8 * std::min<int64_t>(n, kHalf));
-      if (n > kHalf) {
-        V::store_raw(V::template gather64<1>(zero_raw, valid, offsets, r.plane), f,
-                     out + (first + i + kHalf) * 8, 8 * (n - kHalf));
-      }
-    } else {
-      alignas(64) int32_t at[kLanes];
-      V::store(at, offsets);
-      const int inside = V::bits(valid);
-      if constexpr (V::kStagedRaw) {
-        // The block's output is n pixels of `channels` bytes, one after another: staged 128
-        // bytes at a time, one step 5 per 128 bytes.
-        constexpr int64_t kStage = 128;
-        alignas(64) int8_t staged[kStage];
-        OutT* to = out + (first + i) * channels;
-        int64_t filled = 0;
-        for (int64_t j = 0; j < n; ++j) {
-          for (int64_t h = 0; h < channels; h += 16) {
-            const __m128i raw =
-                (inside >> j) & 1 ? load16(r.plane + at[j] + h) : V::low128(zero_raw);
-            _mm_store_si128(reinterpret_cast<__m128i*>(staged + filled), raw);
-            filled += 16;
-            if (filled == kStage) {
-              V::store_staged(staged, f, to, kStage);
-              to += kStage;
-              filled = 0;
-            }
-          }
-        }
-        if (filled > 0) {
-          V::store_staged(staged, f, to, filled);
-        }
-      } else {
-        for (int64_t j = 0; j < n; ++j) {
-          for (int64_t h = 0; h < channels; h += 16) {
-            const __m128i raw =
-                (inside >> j) & 1 ? load16(r.plane + at[j] + h) : V::low128(zero_raw);
-            V::store_raw(V::from128(raw), f, out + (first + i + j) * channels + h, 16);
-          }
-        }
-      }
+    V::store_staged(staged, f, out, 8 * n);
+  } else {
+    // 64-bit gathers, half the lanes each
+    constexpr int kHalf = V::kLanes / 2;
+    V::store_raw(V::template gather64<0>(b.zero_raw, g.valid, g.offsets, r.plane), f, out,
+                 8 * std::min<int64_t>(n, kHalf));
+    if (n > kHalf) {
+      V::store_raw(V::template gather64<1>(b.zero_raw, g.valid, g.offsets, r.plane), f,
+                   out + kHalf * 8, 8 * (n - kHalf));
     }
   }
 }
 
-// Pass 2 of a nearest block, by its kind.
-template <typename OutT>
-void nearest_pass(const Coords& c, int64_t count, const Setup& s, const Run& r, int64_t first) {
-  switch (s.kind) {
-    case Kind::kNearPlanar:
-      return nearest_block<Kind::kNearPlanar, OutT>(c, count, s, r, first);
-    case Kind::kNear2:
-      return nearest_block<Kind::kNear2, OutT>(c, count, s, r, first);
-    case Kind::kNear3:
-      return nearest_block<Kind::kNear3, OutT>(c, count, s, r, first);
-    case Kind::kNear4:
-      return nearest_block<Kind::kNear4, OutT>(c, count, s, r, first);
-    case Kind::kNear8:
-      return nearest_block<Kind::kNear8, OutT>(c, count, s, r, first);
-    default:  // kNear16 (select_kind returns no other nearest kind)
-      return nearest_block<Kind::kNear16, OutT>(c, count, s, r, first);
+// 16k channels: the group's offsets and which pixels are inside, one by one.
+struct NearestSources {
+  alignas(64) int32_t at[V::kLanes];
+  int inside;
+  const int8_t* plane;
+  // Sixteen bytes of pixel j from channel h: the image zero point outside.
+  ETKIT_TARGET __m128i raw16(int64_t j, int64_t h, const NearestBounds& b) const {
+    return (inside >> j) & 1 ? load16(plane + at[j] + h) : V::low128(b.zero_raw);
   }
+};
+
+ETKIT_TARGET __attribute__((always_inline)) inline NearestSources nearest_sources(
+    const NearestGroup& g, const Coords&, int64_t, const Run& r) {
+  NearestSources source;
+  V::store(source.at, g.offsets);
+  source.inside = V::bits(g.valid);
+  source.plane = r.plane;
+  return source;
+}
+
+template <typename F, typename OutT>
+ETKIT_TARGET __attribute__((always_inline)) inline void store_raw16(__m128i raw, const F& f,
+                                                                    OutT* out, int64_t n) {
+  V::store_raw(V::from128(raw), f, out, n);
+}
+
+ETKIT_TARGET __attribute__((always_inline)) inline void store_bytes16(int8_t* staged,
+                                                                      __m128i raw) {
+  _mm_store_si128(reinterpret_cast<__m128i*>(staged), raw);
+}
+
+template <typename F, typename OutT>
+ETKIT_TARGET __attribute__((always_inline)) inline void store_staged(const int8_t* staged,
+                                                                     const F& f, OutT* out,
+                                                                     int64_t bytes) {
+  V::store_staged(staged, f, out, bytes);
 }
