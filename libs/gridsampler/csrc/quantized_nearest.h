@@ -2,6 +2,7 @@
 // quantized_pass1.h is: once per instruction set, inside a namespace that names the traits `V`
 // and with ETKIT_TARGET its target attribute; after the instruction set's part of the pass (x86:
 // quantized_x86_pass2.h, NEON: quantized_neon.cpp), which gives, in that namespace:
+// - nearest_step5(s): step 5's registers, once per block;
 // - nearest_bounds(s): the image's bounds, strides and zero point in registers, once per block;
 // - nearest_group(c, i, n, b, r): where the group's pixels (V::kNearestGroup of them from i) take
 //   their bytes from (their offsets in the image) and which lie inside it;
@@ -9,6 +10,9 @@
 //   the image zero point outside) in output order, and step 5 of them (x86: gathers, then its
 //   byte table or requantization; NEON: copies, then `tbl`; NEON also stores them `output_x`
 //   apart: kStrided);
+// - where V::kNearestPlanes is more than 1 (NEON: 4), nearest_planes(...): the same for planes
+//   ch .. ch + planes - 1 of a planar image at once, each pixel's offset read once for them (x86
+//   gathers one plane at a time);
 // - nearest_sources(g, c, i, r): each pixel's first byte (16k channels);
 // - store_raw16(raw, f, out, n): step 5 of sixteen raw values, the first n stored; and, where the
 //   traits stage raw bytes (V::kStagedRaw), store_bytes16 and store_staged.
@@ -31,9 +35,16 @@ ETKIT_TARGET __attribute__((noinline)) void nearest_block(const Coords& c, int64
     const auto g = nearest_group(c, i, n, b, r);
     if constexpr (kKind == Kind::kNearPlanar || kKind == Kind::kNearStrided) {
       constexpr bool kStrided = kKind == Kind::kNearStrided;
-      for (int64_t ch = 0; ch < channels; ++ch) {
-        OutT* const to = out + (first + i) * (kStrided ? r.output_x : 1) + ch * r.output_c;
-        nearest_pixels<1, kStrided>(g, b, c, i, n, s, r, ch * s.stride_c, f, to);
+      if constexpr (kStrided || V::kNearestPlanes == 1) {
+        for (int64_t ch = 0; ch < channels; ++ch) {
+          OutT* const to = out + (first + i) * (kStrided ? r.output_x : 1) + ch * r.output_c;
+          nearest_pixels<1, kStrided>(g, b, c, i, n, s, r, ch * s.stride_c, f, to);
+        }
+      } else {
+        for (int64_t ch = 0; ch < channels; ch += V::kNearestPlanes) {
+          const int64_t planes = std::min<int64_t>(V::kNearestPlanes, channels - ch);
+          nearest_planes(g, b, c, i, n, s, r, ch, planes, f, out + first + i + ch * r.output_c);
+        }
       }
     } else if constexpr (kKind != Kind::kNear16) {
       constexpr int kBytes = kKind == Kind::kNear2   ? 2

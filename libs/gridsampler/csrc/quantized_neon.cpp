@@ -229,6 +229,7 @@ struct Neon {
   static constexpr int kLanes = 8;
   static constexpr int kPadTo = kGroup;
   static constexpr int kNearestGroup = kGroup;  // nearest: pixels per group
+  static constexpr int kNearestPlanes = 4;       // planar: channel planes per call
   static constexpr bool kNearestStrided = true;  // nearest of any layout
   static constexpr bool kStagedRaw = false;      // nearest: step 5 per sixteen raw bytes
   static constexpr bool kGathers = false;
@@ -1091,73 +1092,151 @@ ETKIT_INLINE inline NearestGroup nearest_group(const Coords& c, int64_t i, int64
   return g;
 }
 
-// The group's n pixels' bytes, kC each from the plane `channel` bytes into the image (the image
-// zero point outside), copied in output order (for int8 output with the identity table, straight
-// into the output), then step 5; kStrided (kC = 1, any layout): the outputs stored output_x
-// apart.
+// Any layout: one channel plane, `channel` bytes into the image; the outputs output_x apart.
+template <typename OutT>
+ETKIT_INLINE inline void nearest_strided(const NearestGroup& g, const NearestBounds& b,
+                                         const Coords& c, int64_t i, int n, const Run& r,
+                                         int64_t channel, const Finish& f, OutT* out) {
+  const int32_t* const off = g.off;
+  const int8_t* const image = r.image + channel;
+  alignas(16) uint8_t staged[kGroup];
+  for (int j = 0; j < n; ++j) {
+    staged[j] = off[j] >= 0 ? static_cast<uint8_t>(image[c.plane[i + j] + off[j]]) : b.zero;
+  }
+  const int8x16_t raw = vld1q_s8(reinterpret_cast<const int8_t*>(staged));
+  if constexpr (std::is_same_v<OutT, int8_t>) {
+    store_strided(table_lookup(raw, f), out, r.output_x, n);
+  } else {
+    float32x4_t values[4];
+    raw_to_float(raw, f, values);
+    store_strided(values, out, r.output_x, n);
+  }
+}
+
+// Channels-last images of kC = 2, 3, 4 or 8 channels: the group's n pixels' bytes (the image
+// zero point outside) copied in output order (for int8 output with the identity table, straight
+// into the output), then step 5.
+template <int kC, typename OutT>
+ETKIT_INLINE inline void nearest_channels_last(const NearestGroup& g, const NearestBounds& b,
+                                               const Coords& c, int64_t i, int n, const Run& r,
+                                               const Finish& f, OutT* out) {
+  const int32_t* const off = g.off;
+  alignas(16) uint8_t staged[kGroup * kC];
+  const bool direct = std::is_same_v<OutT, int8_t> && f.identity_table;
+  uint8_t* const to = direct ? reinterpret_cast<uint8_t*>(out) : staged;
+  int j = 0;
+  if (g.one_element) {
+    // one batch element: four pixels at a time while they are all inside
+    const int8_t* const plane = g.element;
+    const auto copy = [&](int k) ETKIT_INLINE { std::memcpy(to + kC * k, plane + off[k], kC); };
+    for (; j + 4 <= n && vminvq_s32(vld1q_s32(off + j)) >= 0; j += 4) {
+      copy(j);
+      copy(j + 1);
+      copy(j + 2);
+      copy(j + 3);
+    }
+  }
+  for (; j < n; ++j) {
+    if (off[j] >= 0) {
+      std::memcpy(to + kC * j, r.image + c.plane[i + j] + off[j], kC);
+    } else {
+      std::memset(to + kC * j, b.zero, kC);
+    }
+  }
+  if (!direct) {
+    const int64_t bytes = int64_t(n) * kC;
+    for (int64_t k = 0; k < bytes; k += 16) {
+      store_raw16(vld1q_s8(reinterpret_cast<const int8_t*>(staged + k)), f, out + k, bytes - k);
+    }
+  }
+}
+
+// What the shared pass asks of a group: its pixels' bytes, kC each (channels-last), or one plane
+// of any layout (kStrided, kC = 1: nearest_strided).
 template <int kC, bool kStrided, typename OutT>
 ETKIT_INLINE inline void nearest_pixels(const NearestGroup& g, const NearestBounds& b,
                                         const Coords& c, int64_t i, int64_t count, const Setup&,
-                                        const Run& r, int64_t channel, const Finish& f, OutT* out) {
+                                        const Run& r, int64_t channel, const Finish& f,
+                                        OutT* out) {
   const int n = static_cast<int>(count);
-  const int32_t* const off = g.off;
-  const int8_t* const image = r.image + channel;
-  const uint8_t zero = b.zero;
-  alignas(16) uint8_t staged[kGroup * kC];
   if constexpr (kStrided) {
-    for (int j = 0; j < n; ++j) {
-      staged[j] = off[j] >= 0 ? static_cast<uint8_t>(image[c.plane[i + j] + off[j]]) : zero;
-    }
-    const int8x16_t raw = vld1q_s8(reinterpret_cast<const int8_t*>(staged));
-    if constexpr (std::is_same_v<OutT, int8_t>) {
-      store_strided(table_lookup(raw, f), out, r.output_x, n);
-    } else {
-      float32x4_t values[4];
-      raw_to_float(raw, f, values);
-      store_strided(values, out, r.output_x, n);
-    }
+    static_assert(kC == 1, "any layout's pass reads one byte a pixel");
+    nearest_strided(g, b, c, i, n, r, channel, f, out);
   } else {
-    const bool direct = std::is_same_v<OutT, int8_t> && f.identity_table;
-    uint8_t* const to = direct ? reinterpret_cast<uint8_t*>(out) : staged;
-    int j = 0;
-    if (g.one_element) {
-      // one batch element: four pixels at a time while they are all inside
-      const int8_t* const plane = g.element + channel;
-      const auto copy = [&](int k) ETKIT_INLINE { std::memcpy(to + kC * k, plane + off[k], kC); };
-      if constexpr (kC == 1) {
-        // (four rounds at most, each its own exit: GCC unrolls them, as it does the loop below
-        // for more channels; about 5 fewer instructions per pixel for NCHW RGBA under qemu)
-        for (int round = 0; round < kGroup / 4; ++round, j += 4) {
-          if (j + 4 > n || vminvq_s32(vld1q_s32(off + j)) < 0) {
-            break;
-          }
-          copy(j);
-          copy(j + 1);
-          copy(j + 2);
-          copy(j + 3);
-        }
-      } else {
-        for (; j + 4 <= n && vminvq_s32(vld1q_s32(off + j)) >= 0; j += 4) {
-          copy(j);
-          copy(j + 1);
-          copy(j + 2);
-          copy(j + 3);
-        }
+    nearest_channels_last<kC>(g, b, c, i, n, r, f, out);
+  }
+}
+
+// Planar images: kPlanes channel planes from `channel` bytes into the image, each pixel's offset
+// read once for all of them, copied (for int8 output with the identity table, straight into the
+// output); then step 5 per plane, the outputs output_c apart.
+template <int kPlanes, typename OutT>
+ETKIT_INLINE inline void nearest_plane_bytes(const NearestGroup& g, const NearestBounds& b,
+                                             const Coords& c, int64_t i, int n, const Run& r,
+                                             int64_t channel, int64_t stride_c, int64_t output_c,
+                                             const Finish& f, OutT* out) {
+  const int32_t* const off = g.off;
+  alignas(16) uint8_t staged[kPlanes][kGroup];
+  const bool direct = std::is_same_v<OutT, int8_t> && f.identity_table;
+  uint8_t* to[kPlanes];
+  for (int p = 0; p < kPlanes; ++p) {
+    to[p] = direct ? reinterpret_cast<uint8_t*>(out + p * output_c) : staged[p];
+  }
+  const auto copy = [&](const int8_t* source, int k) ETKIT_INLINE {
+    for (int p = 0; p < kPlanes; ++p) {
+      to[p][k] = static_cast<uint8_t>(source[p * stride_c]);
+    }
+  };
+  int j = 0;
+  if (g.one_element) {
+    // one batch element: four pixels at a time while they are all inside (four rounds at most,
+    // each its own exit: GCC unrolls them)
+    const int8_t* const plane = g.element + channel;
+    for (int round = 0; round < kGroup / 4; ++round, j += 4) {
+      if (j + 4 > n || vminvq_s32(vld1q_s32(off + j)) < 0) {
+        break;
+      }
+      copy(plane + off[j], j);
+      copy(plane + off[j + 1], j + 1);
+      copy(plane + off[j + 2], j + 2);
+      copy(plane + off[j + 3], j + 3);
+    }
+  }
+  const int8_t* const image = r.image + channel;
+  for (; j < n; ++j) {
+    if (off[j] >= 0) {
+      copy(image + c.plane[i + j] + off[j], j);
+    } else {
+      for (int p = 0; p < kPlanes; ++p) {
+        to[p][j] = b.zero;
       }
     }
-    for (; j < n; ++j) {
-      if (off[j] >= 0) {
-        std::memcpy(to + kC * j, image + c.plane[i + j] + off[j], kC);
-      } else {
-        std::memset(to + kC * j, zero, kC);
-      }
+  }
+  if (!direct) {
+    for (int p = 0; p < kPlanes; ++p) {
+      store_raw16(vld1q_s8(reinterpret_cast<const int8_t*>(staged[p])), f, out + p * output_c, n);
     }
-    if (!direct) {
-      const int64_t bytes = int64_t(n) * kC;
-      for (int64_t k = 0; k < bytes; k += 16) {
-        store_raw16(vld1q_s8(reinterpret_cast<const int8_t*>(staged + k)), f, out + k, bytes - k);
-      }
-    }
+  }
+}
+
+// Planar images: planes ch .. ch + planes - 1 (at most kNearestPlanes) together.
+template <typename OutT>
+ETKIT_INLINE inline void nearest_planes(const NearestGroup& g, const NearestBounds& b,
+                                        const Coords& c, int64_t i, int64_t count, const Setup& s,
+                                        const Run& r, int64_t ch, int64_t planes, const Finish& f,
+                                        OutT* out) {
+  const int n = static_cast<int>(count);
+  const int64_t stride_c = s.stride_c, output_c = r.output_c;  // (before any output store)
+  const int64_t channel = ch * stride_c;
+  switch (planes) {
+    case 1:
+      return nearest_plane_bytes<1>(g, b, c, i, n, r, channel, stride_c, output_c, f, out);
+    case 2:
+      return nearest_plane_bytes<2>(g, b, c, i, n, r, channel, stride_c, output_c, f, out);
+    case 3:
+      return nearest_plane_bytes<3>(g, b, c, i, n, r, channel, stride_c, output_c, f, out);
+    default:
+      return nearest_plane_bytes<4>(g, b, c, i, n, r, channel, stride_c, output_c, f, out);
   }
 }
 

@@ -411,6 +411,7 @@ constexpr std::array<int32_t, 8> join_halves(int k) {
 struct Avx512 {
   static constexpr int kLanes = 16;
   static constexpr int kNearestGroup = kLanes;  // nearest: pixels per group
+  static constexpr int kNearestPlanes = 1;        // planar: channel planes per walk
   static constexpr bool kNearestStrided = false;  // (other layouts: the scalar steps)
   using I = __m512i;
   struct Float {  // AxisVector's registers and the grid zero point
@@ -599,6 +600,7 @@ struct Avx512 {
 struct Avx2 {
   static constexpr int kLanes = 8;
   static constexpr int kNearestGroup = kLanes;
+  static constexpr int kNearestPlanes = 1;
   static constexpr bool kNearestStrided = false;
   using I = __m256i;
   struct Float {
