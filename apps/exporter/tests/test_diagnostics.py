@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from executorch.exir import to_edge
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from torch.fx.passes.infra.pass_manager import PassManager
 
-from etkit_exporter import export_model
+from etkit_exporter import ExportError, export_model
 from etkit_exporter.check.verify import verify_program
-from etkit_exporter.core.diagnostics import capture_native_log, root_cause
+from etkit_exporter.core.diagnostics import advice, capture_native_log, root_cause
 from etkit_exporter.export.demos import DEMOS
 
 
@@ -100,3 +101,33 @@ def test_exports_are_byte_identical_and_hold_no_build_path(tmp_path: Path) -> No
                 assert str(tmp_path).encode() not in data, path
                 assert b".etkit-new-" not in data, path
     assert programs[0] == programs[1]
+
+
+class _UnevenMaxPool(torch.nn.Module):
+    """A pooling etkit cannot rewrite: 16 x 16 into 5 x 5 windows of two sizes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.adaptive_max_pool2d(torch.relu(x), 5)
+
+
+def test_an_op_outside_core_aten_is_named_with_what_to_do(tmp_path: Path) -> None:
+    x = torch.rand(1, 2, 16, 16, generator=torch.Generator().manual_seed(0))
+    # ExecuTorch's own verifier refuses it, for every target
+    with pytest.raises(Exception) as refused:
+        to_edge(torch.export.export(_UnevenMaxPool(), (x,), strict=True))
+    hint = advice(refused.value)
+    assert hint.startswith("aten.adaptive_max_pool2d.default is not a Core ATen op"), hint
+    assert "max_pool2d where each output size divides its input size" in hint
+    # the export says so in its one line (XNNPACK: the quicker lowering)
+    with pytest.raises(ExportError) as failed:
+        export_model(_UnevenMaxPool(), (x,), artifacts_root=tmp_path / "out", target="xnnpack")
+    message = str(failed.value)
+    assert "\n" not in message and f"What to do: {hint}" in message, message
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_advice_is_empty_for_a_failure_it_does_not_know() -> None:
+    graph = torch.fx.symbolic_trace(torch.nn.ReLU())
+    with pytest.raises(Exception) as caught:
+        PassManager(passes=[InsertSomethingPass()])(graph)
+    assert advice(caught.value) == ""

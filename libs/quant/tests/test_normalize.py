@@ -425,3 +425,31 @@ def test_a_cat_sliced_to_one_input_leaves_the_graph_with_its_other_inputs() -> N
     assert "slices_of_cat" in steps
     after = _ops(normalized)
     assert "aten::cat" not in after and not any("grid_sampler" in op for op in after), after
+
+
+class _AdaptiveMaxPools(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        tiles = F.adaptive_max_pool2d(x, (4, 2))  # 16 x 10 -> 4 x 2: tiles of 4 x 5
+        pooled, where = F.adaptive_max_pool2d(torch.relu(x), 2, return_indices=True)
+        uneven = F.adaptive_max_pool2d(x, (3, 3))  # 16 x 10 -> 3 x 3: windows of two sizes
+        return tiles, pooled, where, uneven
+
+
+def test_adaptive_max_pools_over_whole_tiles_become_max_pools() -> None:
+    x = torch.randn(2, 3, 16, 10, generator=torch.Generator().manual_seed(0))
+    exported = torch.export.export(_AdaptiveMaxPools(), (x,), strict=True)
+    normalized, report = normalize_program(exported, (x,))
+    assert [step for step, count in report.steps.items() if count] == ["adaptive_max_pools"]
+    for sample in (x, torch.randn_like(x)):
+        got = normalized.module()(sample)
+        for actual, expected in zip(got, _AdaptiveMaxPools()(sample), strict=True):
+            assert torch.equal(actual, expected)  # the values, and the indices
+    assert _ops(exported).count("aten::adaptive_max_pool2d") == 3
+    after = _ops(normalized)
+    # the tiles: max_pool2d, which the quantizers annotate; the pool whose indices are read:
+    # max_pool2d_with_indices; the uneven one stays (no max_pool2d computes it)
+    assert after.count("aten::max_pool2d") == 1, after
+    assert after.count("aten::max_pool2d_with_indices") == 1, after
+    assert after.count("aten::adaptive_max_pool2d") == 1, after
+    pool = next(n for n in normalized.graph.nodes if target_name(n) == "aten::max_pool2d")
+    assert list(pool.args[1:3]) == [[4, 5], [4, 5]]

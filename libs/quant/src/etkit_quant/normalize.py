@@ -17,6 +17,11 @@ what it computes (each is tested for exact equality on the float model):
   leaves ``relu_`` unannotated, its input and output get different quantization parameters,
   and XNNPACK's int8 clamp then reads one as the other (the STN tutorial's localization net
   came out 8.5 dB from the quantized model);
+- ``adaptive_max_pools``: an ``adaptive_max_pool2d`` whose output sizes divide its input sizes
+  becomes the ``max_pool2d`` it equals (kernel and stride the quotients: the adaptive windows
+  are then those tiles; ``max_pool2d_with_indices`` where its indices are read). ExecuTorch
+  1.5.1 refuses ``adaptive_max_pool2d`` on both targets (not a Core ATen op, and torch has no
+  decomposition of it), and its quantizers annotate ``max_pool2d``;
 - ``drop_metadata_asserts``: ``aten._assert_tensor_metadata`` nodes (what ``.to()`` leaves)
   are removed, and ``.to()`` conversions that change neither dtype nor device are bypassed;
 - ``drop_noop_views``: ops whose result is their input unchanged (``x[:, 0:C]`` of a C-channel
@@ -175,6 +180,7 @@ def normalize_program(
     report.record("functionalize", mutating)
     module: GraphModule = program.module(check_guards=False)
     report.record("functional_activations", functional_activations(module))
+    report.record("adaptive_max_pools", adaptive_max_pools(module))
     report.record("drop_metadata_asserts", drop_metadata_asserts(module))
     report.record("drop_noop_views", drop_noop_views(module))
     report.record("slices_of_cat", slices_of_cat(module))
@@ -242,6 +248,50 @@ def functional_activations(module: GraphModule) -> list[str]:
             node.target = functional
             rewritten.append(node.name)
     return rewritten
+
+
+def adaptive_max_pools(module: GraphModule) -> list[str]:
+    """Rewrites each ``adaptive_max_pool2d`` whose output sizes divide its input's last two sizes
+    as ``max_pool2d`` with kernel and stride the quotients (the same windows, so the same values;
+    ``max_pool2d_with_indices``, whose indices are the same flat positions, where the indices are
+    read). Others stay: no ``max_pool2d`` computes windows of different sizes. Returns the names
+    of the pools rewritten."""
+    changed: list[str] = []
+    graph = module.graph
+    for node in list(graph.nodes):
+        if target_name(node) != "aten::adaptive_max_pool2d" or len(node.args) < 2:
+            continue
+        source, sizes = node.args[0], node.args[1]
+        value = _value(source)
+        if not isinstance(source, Node) or value is None or value.dim() < 3:
+            continue
+        if not isinstance(sizes, (list, tuple)) or len(sizes) != 2:
+            continue
+        inputs = [int(d) for d in value.shape[-2:]]
+        tiles = zip(inputs, sizes, strict=True)
+        if not all(isinstance(o, int) and o > 0 and d % o == 0 for d, o in tiles):
+            continue
+        kernel = [d // o for d, o in zip(inputs, sizes, strict=True)]
+        items = {user: user.args[1] for user in node.users if user.target is operator.getitem}
+        if len(items) != len(node.users):
+            continue
+        if any(index == 1 and user.users for user, index in items.items()):
+            node.target = aten.max_pool2d_with_indices.default
+            node.args = (source, kernel, kernel)
+        else:
+            with graph.inserting_before(node):
+                pool = graph.call_function(aten.max_pool2d.default, (source, kernel, kernel))
+            pool.meta = dict(node.meta)
+            for user, index in items.items():
+                if index == 0:
+                    pool.meta["val"] = user.meta.get("val")
+                    user.replace_all_uses_with(pool)
+                graph.erase_node(user)
+            graph.erase_node(node)
+        changed.append(node.name)
+    if changed:
+        module.recompile()
+    return changed
 
 
 def _value(node: object) -> torch.Tensor | None:

@@ -19,6 +19,15 @@ _WRAPPER_PASSES = frozenset({"_ExportedProgramGraphPassAdapter"})
 # "E 00:00:01.234567 executorch:method.cpp:123] message" from a build with log levels.
 _NATIVE_ERROR = re.compile(r"^(?:\[|[EF] \d\d:\d\d:\d\d\.\d+ )[\w.:/-]+:\d+\] (.*)$")
 _MAX_MESSAGE = 400
+# ExecuTorch's edge dialect refuses an op outside Core ATen (exir's verifier), on every target.
+_NOT_CORE_ATEN = re.compile(r"Operator (?:torch\._ops\.)?(\S+?) is not in Core ATen opset")
+# What to do about such an op where etkit knows more than "write it another way".
+_NOT_CORE_ATEN_ADVICE = {
+    "aten.adaptive_max_pool2d.default": (
+        "etkit rewrites it as max_pool2d where each output size divides its input size: choose "
+        "such sizes, or pool with max_pool2d"
+    ),
+}
 
 
 def exception_chain(error: BaseException) -> list[BaseException]:
@@ -56,6 +65,23 @@ def root_cause(error: BaseException) -> str:
     text = _first_line(str(innermost)) or "(no message)"
     where = f" in pass {passes[-1]}" if passes else ""
     return f"{type(innermost).__name__}{where}: {text}"
+
+
+def advice(error: BaseException) -> str:
+    """What to do about a failure whose cause etkit recognizes in ``error``'s chain, in one
+    sentence, or ""."""
+    for cause in exception_chain(error):
+        found = _NOT_CORE_ATEN.search(str(cause))
+        if found:
+            op = found.group(1)
+            what = _NOT_CORE_ATEN_ADVICE.get(
+                op, "write that part of the model with ops torch decomposes into Core ATen"
+            )
+            return (
+                f"{op} is not a Core ATen op and torch has no decomposition of it, so ExecuTorch "
+                f"lowers it for no target; {what}"
+            )
+    return ""
 
 
 @dataclass

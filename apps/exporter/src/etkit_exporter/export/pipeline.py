@@ -30,7 +30,7 @@ from etkit_exporter.artifact.staging import Staging, check_destination
 from etkit_exporter.check.bundle import BUNDLE_NAME, SIDECAR_NAME, bundle_bytes, sidecar
 from etkit_exporter.check.verdict import check_tolerance, failed_destination, keep_failed
 from etkit_exporter.check.verify import RUNNERS, check_program_loads, verify_export
-from etkit_exporter.core.diagnostics import root_cause
+from etkit_exporter.core.diagnostics import advice, root_cause
 from etkit_exporter.core.errors import ExportError
 from etkit_exporter.core.io_params import io_table, program_input, with_pte_layouts
 from etkit_exporter.core.version import __version__
@@ -120,7 +120,9 @@ class _Stages:
         try:
             yield
         except Exception as error:
-            raise ExportError(f"stage '{name}' failed: {root_cause(error)}") from error
+            hint = advice(error)
+            what_to_do = f". What to do: {hint}" if hint else ""
+            raise ExportError(f"stage '{name}' failed: {root_cause(error)}{what_to_do}") from error
         seconds = time.perf_counter() - start
         self.timings[name] = round(seconds, 3)
         if self.callback is not None:
