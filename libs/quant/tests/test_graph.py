@@ -13,6 +13,7 @@ from etkit_quant.graph import (
     is_quantize,
     is_shape_op,
     target_name,
+    value_source,
 )
 
 
@@ -110,3 +111,26 @@ def test_grid_positions_of_a_graph_deeper_than_the_recursion_limit() -> None:
     module = torch.fx.GraphModule(torch.nn.Module(), graph)
     assert grid_position_nodes(module) == set()  # nothing but the sampler reads the chain
     assert grid_position_nodes(module, include_inputs=True) == {grid}
+
+
+class _MovedThenComputed(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        moved = torch.relu(x).permute(0, 2, 3, 1).reshape(1, -1)[:, :5]
+        return moved * 2
+
+
+def test_value_source_walks_up_the_ops_that_only_move_values() -> None:
+    exported = torch.export.export(_MovedThenComputed(), (torch.randn(1, 3, 4, 4),), strict=True)
+    nodes = {target_name(n).split(".")[0]: n for n in _call_nodes(exported.graph)}
+    product = nodes["aten::mul"]
+    source, passed = value_source(product.args[0])
+    assert target_name(source) == "aten::relu"
+    assert [target_name(n).split(".")[0] for n in passed] == [
+        "aten::slice",
+        "aten::reshape",
+        "aten::permute",
+    ], [target_name(n) for n in passed]
+    # a computing op is its own source; another notion of moving stops elsewhere
+    assert value_source(product) == (product, [])
+    not_permute = value_source(product.args[0], lambda n: "permute" not in target_name(n))
+    assert target_name(not_permute[0]) == "aten::permute" and len(not_permute[1]) == 2

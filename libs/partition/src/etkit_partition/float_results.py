@@ -22,7 +22,7 @@ from torch.fx import Node
 
 from etkit_partition.policies import TAG_KEY
 from etkit_quant.boundary import ARM_ANNOTATION_INFO_KEY
-from etkit_quant.graph import is_dequantize, is_quantize, is_shape_op, target_name
+from etkit_quant.graph import is_dequantize, is_quantize, is_shape_op, target_name, value_source
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +38,7 @@ def _passes_values(node: Node) -> bool:
 
 
 def _origin(node: Node) -> Node:
-    while _passes_values(node) and isinstance(node.args[0], Node):
-        node = node.args[0]
-    return node
+    return value_source(node, _passes_values)[0]
 
 
 # Ops a quantizer fuses into the op before them (a convolution's ReLU, its batch norm): they

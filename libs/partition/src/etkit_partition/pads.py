@@ -17,7 +17,7 @@ from torch.export import ExportedProgram
 from torch.fx import Node
 
 from etkit_partition.policies import TAG_KEY
-from etkit_quant.graph import is_dequantize, is_shape_op, target_name
+from etkit_quant.graph import is_dequantize, target_name, value_source
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +27,10 @@ _CONSTANT_PAD: Final = frozenset({"aten::constant_pad_nd", "aten::constant_pad_n
 def dequantized_through_shape_ops(value: object) -> list[Node]:
     """The shape ops from ``value`` up to the dequantize they read, and that dequantize; an
     empty list when ``value`` is not a dequantized tensor."""
-    chain: list[Node] = []
-    while isinstance(value, Node) and is_shape_op(value):
-        chain.append(value)
-        value = value.args[0]
-    if isinstance(value, Node) and is_dequantize(value):
-        return [*chain, value]
-    return []
+    if not isinstance(value, Node):
+        return []
+    source, chain = value_source(value)
+    return [*chain, source] if is_dequantize(source) else []
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,20 @@ def is_shape_op(node: Node) -> bool:
     return target_name(node).removesuffix(".default") in SHAPE_OP_NAMES
 
 
+def value_source(
+    node: Node, moves: Callable[[Node], bool] = is_shape_op
+) -> tuple[Node, list[Node]]:
+    """The node whose values ``node`` holds, found through the ops that only move values
+    (``moves``: the shape ops by default) from ``node`` up their first arguments, and those ops
+    in the order passed (``node`` first). An op whose first argument is not a node ends the
+    walk: it is the source."""
+    passed: list[Node] = []
+    while moves(node) and node.args and isinstance(node.args[0], Node):
+        passed.append(node)
+        node = node.args[0]
+    return node, passed
+
+
 def is_grid_sampler(node: Node) -> bool:
     """True for ``aten.grid_sampler`` and ``aten.grid_sampler_2d`` nodes (any overload)."""
     return target_name(node) in GRID_SAMPLER_TARGET_NAMES

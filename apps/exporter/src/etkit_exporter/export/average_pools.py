@@ -35,7 +35,7 @@ from typing import Any, Final
 import torch
 from torch.fx import GraphModule, Node
 
-from etkit_quant.graph import is_shape_op, operator_name
+from etkit_quant.graph import operator_name, value_source
 
 logger = logging.getLogger(__name__)
 
@@ -146,9 +146,7 @@ def _reads_table_activation(node: Node) -> bool:
     """Whether ``node``'s first input is a sigmoid/tanh output, directly or through ops that
     only move values."""
     source = node.args[0] if node.args else None
-    while isinstance(source, Node) and is_shape_op(source):
-        source = source.args[0] if source.args else None
-    return isinstance(source, Node) and _name(source) in _TABLE_ACTIVATIONS
+    return isinstance(source, Node) and _name(value_source(source)[0]) in _TABLE_ACTIVATIONS
 
 
 def separate_pools_from_tables(module: GraphModule) -> list[str]:
