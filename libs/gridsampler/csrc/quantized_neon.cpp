@@ -229,7 +229,7 @@ struct Neon {
   static constexpr int kLanes = 8;
   static constexpr int kPadTo = kGroup;
   static constexpr int kNearestGroup = kGroup;  // nearest: pixels per group
-  static constexpr int kNearestPlanes = 4;       // planar: channel planes per call
+  static constexpr int kNearestPlanes = 4;       // planar: channel planes per walk
   static constexpr bool kNearestStrided = true;  // nearest of any layout
   static constexpr bool kStagedRaw = false;      // nearest: step 5 per sixteen raw bytes
   static constexpr bool kGathers = false;
