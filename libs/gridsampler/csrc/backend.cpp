@@ -1,6 +1,8 @@
 // The grid-sampler backend inside the ExecuTorch runtime: validates the delegate blob at init, and at
 // execute takes the image and the grid from the arguments the blob names, checks their dtypes and
-// shapes against it, and runs the CPU kernel, honouring each tensor's dim order through its strides.
+// sizes against it (the sizes, or where a dimension is dynamic its bounds), resizes a dynamic output
+// to the call's N x C x Ho x Wo, and runs the CPU kernel (planned for the call's image size),
+// honouring each tensor's dim order through its strides.
 // With an event tracer (an ETDump), each call logs one delegate event named kDebugEventName, whose
 // debug-handle map (GridSamplerBackend.preprocess) points at the source grid_sample node: its time,
 // and its output tensor as that node's runtime intermediate output.
@@ -9,6 +11,7 @@
 #include <executorch/runtime/core/evalue.h>
 #include <executorch/runtime/core/event_tracer.h>
 #include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
+#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 #include <executorch/runtime/platform/log.h>
 
 #include <cstdio>
@@ -91,16 +94,17 @@ QuantParams quant_params(const QParamsRecord& record) {
   return {record.scale, record.zero_point, record.quant_min, record.quant_max};
 }
 
-// The plan of a quantized blob (nothing for a float one), or why the runtime refuses it. The
-// blob's rules already fixed the dtypes (int8 image, int16 or int8 grid, int8 or float output).
-const char* plan_of(const DelegateBlob& blob, QuantizedPlan* plan) {
+// The plan of a quantized blob for an image of height x width (nothing for a float one), or why
+// the runtime refuses it. The blob's rules already fixed the dtypes (int8 image, int16 or int8
+// grid, int8 or float output). At init it plans the image's upper bounds: every limit the plan
+// checks grows with the size, so a plan that holds there holds for every size within the bounds.
+const char* plan_of(const DelegateBlob& blob, int64_t height, int64_t width, QuantizedPlan* plan) {
   if (!blob.image.present) {
     return nullptr;
   }
   return plan_quantized(blob.params, quant_params(blob.image), quant_params(blob.grid),
                         blob.grid.dtype == DType::kInt16 ? GridType::kInt16 : GridType::kInt8,
-                        !blob.output.present, quant_params(blob.output), blob.image_shape[2],
-                        blob.image_shape[3], plan);
+                        !blob.output.present, quant_params(blob.output), height, width, plan);
 }
 
 ScalarType scalar_type_of(const QParamsRecord& record) {
@@ -137,12 +141,29 @@ void shape_text(const Tensor& tensor, char* text, size_t size) {
   }
 }
 
-bool matches(const Tensor& tensor, ScalarType type, const int32_t (&shape)[4]) {
+// "[1, 3, 4..64, 4..64]": each dimension its size, or lower..upper where the bounds differ.
+void bounds_text(const int32_t (&lower)[4], const int32_t (&upper)[4], char* text, size_t size) {
+  size_t used = static_cast<size_t>(std::snprintf(text, size, "["));
+  for (int i = 0; i < 4 && used < size; ++i) {
+    const char* separator = i ? ", " : "";
+    used += static_cast<size_t>(
+        lower[i] == upper[i]
+            ? std::snprintf(text + used, size - used, "%s%d", separator, upper[i])
+            : std::snprintf(text + used, size - used, "%s%d..%d", separator, lower[i], upper[i]));
+  }
+  if (used < size) {
+    std::snprintf(text + used, size - used, "]");
+  }
+}
+
+// Whether `tensor` has `type`, four dimensions, and each size within [lower, upper].
+bool fits(const Tensor& tensor, ScalarType type, const int32_t (&lower)[4],
+          const int32_t (&upper)[4]) {
   if (tensor.scalar_type() != type || tensor.dim() != 4) {
     return false;
   }
   for (int i = 0; i < 4; ++i) {
-    if (tensor.size(i) != shape[i]) {
+    if (tensor.size(i) < lower[i] || tensor.size(i) > upper[i]) {
       return false;
     }
   }
@@ -151,13 +172,50 @@ bool matches(const Tensor& tensor, ScalarType type, const int32_t (&shape)[4]) {
 
 // One log line per role, so that a swap shows as two lines that mirror each other.
 void log_role(const char* role, size_t index, const Tensor& tensor, ScalarType type,
-              const int32_t (&shape)[4]) {
-  char actual[96];
+              const int32_t (&lower)[4], const int32_t (&upper)[4]) {
+  char expected[128], actual[96];
+  bounds_text(lower, upper, expected, sizeof expected);
   shape_text(tensor, actual, sizeof actual);
-  ET_LOG(Error, "grid-sampler delegate: %s (argument %zu): expected %s [%d, %d, %d, %d], got %s %s",
-         role, index, dtype_name(type), shape[0], shape[1], shape[2], shape[3],
-         dtype_name(tensor.scalar_type()), actual);
+  ET_LOG(Error, "grid-sampler delegate: %s (argument %zu): expected %s %s, got %s %s", role, index,
+         dtype_name(type), expected, dtype_name(tensor.scalar_type()), actual);
 }
+
+// One line saying what of `tensor` is outside what the blob gives its role: the dtype, the rank, or
+// the first dimension outside its bounds.
+void log_misfit(const char* role, size_t index, const Tensor& tensor, ScalarType type,
+                const int32_t (&lower)[4], const int32_t (&upper)[4], const char* const (&names)[4]) {
+  if (tensor.scalar_type() != type) {
+    ET_LOG(Error, "grid-sampler delegate: the %s (argument %zu) is %s, the delegate takes %s", role,
+           index, dtype_name(tensor.scalar_type()), dtype_name(type));
+    return;
+  }
+  if (tensor.dim() != 4) {
+    ET_LOG(Error, "grid-sampler delegate: the %s (argument %zu) has %lld dimensions, not 4", role,
+           index, static_cast<long long>(tensor.dim()));
+    return;
+  }
+  for (int i = 0; i < 4; ++i) {
+    const long long size = tensor.size(i);
+    if (size >= lower[i] && size <= upper[i]) {
+      continue;
+    }
+    if (lower[i] == upper[i]) {
+      ET_LOG(Error,
+             "grid-sampler delegate: the %s (argument %zu) has %s %lld, the program was exported "
+             "for %d",
+             role, index, names[i], size, upper[i]);
+    } else {
+      ET_LOG(Error,
+             "grid-sampler delegate: the %s (argument %zu) has %s %lld, outside its bounds [%d, "
+             "%d] (a dynamic dimension of the exported program)",
+             role, index, names[i], size, lower[i], upper[i]);
+    }
+    return;
+  }
+}
+
+constexpr const char* kImageDimensionNames[4] = {"N", "C", "H", "W"};
+constexpr const char* kGridDimensionNames[4] = {"N", "Ho", "Wo", "last dimension"};
 
 template <typename GridT>
 void run(const View4<const int8_t>& image, const View4<const GridT>& grid, const Tensor& output,
@@ -183,7 +241,8 @@ class GridSamplerBackend final : public BackendInterface {
     }
     const char* error = nullptr;
     if (!parse_delegate_blob(processed->data(), processed->size(), &handle->blob, &error) ||
-        (error = plan_of(handle->blob, &handle->plan)) != nullptr) {
+        (error = plan_of(handle->blob, handle->blob.image_shape[2], handle->blob.image_shape[3],
+                         &handle->plan)) != nullptr) {
       ET_LOG(Error, "%s", error);
       processed->Free();
       return Error::DelegateInvalidCompatibility;
@@ -215,21 +274,70 @@ class GridSamplerBackend final : public BackendInterface {
     const Tensor& output = args[inputs]->toTensor();
     const ScalarType image_type = scalar_type_of(blob.image);
     const ScalarType grid_type = scalar_type_of(blob.grid);
-    if (!matches(image, image_type, blob.image_shape) ||
-        !matches(grid, grid_type, blob.grid_shape)) {
-      log_role("image", blob.image_index, image, image_type, blob.image_shape);
-      log_role("grid", blob.grid_index, grid, grid_type, blob.grid_shape);
-      ET_LOG(Error,
-             "grid-sampler delegate: its arguments differ from the image and grid it was built "
-             "for; export the program again");
+    const bool image_fits = fits(image, image_type, blob.image_min_shape, blob.image_shape);
+    const bool grid_fits = fits(grid, grid_type, blob.grid_min_shape, blob.grid_shape);
+    // A dynamic N may differ between the two tensors; a fixed one cannot once both fit.
+    if (!image_fits || !grid_fits || image.size(0) != grid.size(0)) {
+      log_role("image", blob.image_index, image, image_type, blob.image_min_shape,
+               blob.image_shape);
+      log_role("grid", blob.grid_index, grid, grid_type, blob.grid_min_shape, blob.grid_shape);
+      if (!image_fits) {
+        log_misfit("image", blob.image_index, image, image_type, blob.image_min_shape,
+                   blob.image_shape, kImageDimensionNames);
+      }
+      if (!grid_fits) {
+        log_misfit("grid", blob.grid_index, grid, grid_type, blob.grid_min_shape, blob.grid_shape,
+                   kGridDimensionNames);
+      }
+      if (image_fits && grid_fits) {
+        ET_LOG(Error, "grid-sampler delegate: the image's N %lld differs from the grid's N %lld",
+               static_cast<long long>(image.size(0)), static_cast<long long>(grid.size(0)));
+      }
+      if (!blob.dynamic) {
+        ET_LOG(Error,
+               "grid-sampler delegate: its arguments differ from the image and grid it was built "
+               "for; export the program again");
+      }
       return Error::InvalidArgument;
     }
-    const int32_t output_shape[4] = {blob.image_shape[0], blob.image_shape[1],
-                                     blob.grid_shape[1], blob.grid_shape[2]};
+    // The output is N x C x Ho x Wo of this call: with dynamic dimensions, the output (planned
+    // at the upper bound) is resized to it, as ExecuTorch's own delegates do.
+    const int32_t output_shape[4] = {static_cast<int32_t>(image.size(0)),
+                                     static_cast<int32_t>(image.size(1)),
+                                     static_cast<int32_t>(grid.size(1)),
+                                     static_cast<int32_t>(grid.size(2))};
     const ScalarType output_type = scalar_type_of(blob.output);
-    if (!matches(output, output_type, output_shape)) {
-      log_role("output", inputs, output, output_type, output_shape);
+    if (blob.dynamic && output.dim() == 4 &&
+        !fits(output, output.scalar_type(), output_shape, output_shape)) {
+      const executorch::aten::SizesType sizes[4] = {output_shape[0], output_shape[1],
+                                                    output_shape[2], output_shape[3]};
+      if (executorch::runtime::resize_tensor(output, {sizes, 4}) != Error::Ok) {
+        char planned[96];
+        shape_text(output, planned, sizeof planned);
+        ET_LOG(Error,
+               "grid-sampler delegate: output (argument %zu) %s cannot be resized to [%d, %d, %d, "
+               "%d] (a static output, or past its planned bound); export the program again",
+               inputs, planned, output_shape[0], output_shape[1], output_shape[2],
+               output_shape[3]);
+        return Error::InvalidArgument;
+      }
+    }
+    if (!fits(output, output_type, output_shape, output_shape)) {
+      log_role("output", inputs, output, output_type, output_shape, output_shape);
       return Error::InvalidArgument;
+    }
+    // The plan of init is for the image's upper bounds; a smaller image is planned for this call
+    // (a few integer constants; the bounds were checked at init, so it cannot fail).
+    const QuantizedPlan* plan = &handle->plan;
+    QuantizedPlan call_plan;
+    if (blob.image.present && (image.size(2) != plan->y.size || image.size(3) != plan->x.size)) {
+      if (const char* error = plan_of(blob, image.size(2), image.size(3), &call_plan)) {
+        ET_LOG(Error, "grid-sampler delegate: image of %lld x %lld: %s",
+               static_cast<long long>(image.size(2)), static_cast<long long>(image.size(3)),
+               error);
+        return Error::InvalidArgument;
+      }
+      plan = &call_plan;
     }
     DelegateEvent event(context.event_tracer());
     if (!blob.image.present) {
@@ -238,10 +346,10 @@ class GridSamplerBackend final : public BackendInterface {
                       view_of(output, output.mutable_data_ptr<float>()), blob.params);
     } else if (grid_type == ScalarType::Short) {
       run(view_of(image, image.const_data_ptr<int8_t>()),
-          view_of(grid, grid.const_data_ptr<int16_t>()), output, handle->plan);
+          view_of(grid, grid.const_data_ptr<int16_t>()), output, *plan);
     } else {
       run(view_of(image, image.const_data_ptr<int8_t>()),
-          view_of(grid, grid.const_data_ptr<int8_t>()), output, handle->plan);
+          view_of(grid, grid.const_data_ptr<int8_t>()), output, *plan);
     }
     event.finish(output);
     return Error::Ok;

@@ -8,7 +8,6 @@
 namespace etkit::gridsampler {
 namespace {
 
-constexpr size_t kCrcOffset = kBlobSize - 4;
 constexpr int64_t kMaxDimension = int64_t{1} << 24;
 constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;
 constexpr double kMinScale = 1e-12;
@@ -16,6 +15,9 @@ constexpr double kMaxScale = 1e12;
 constexpr size_t kRecordSize = 24;
 constexpr size_t kImageRecord = 16, kGridRecord = 40, kOutputRecord = 64;
 constexpr size_t kImageShape = 88, kGridShape = 104;
+constexpr size_t kDynamicFlags = 120, kImageLower = 124, kGridLower = 140;  // version 3
+constexpr const char* kImageDimensions[4] = {"N", "C", "H", "W"};
+constexpr const char* kGridDimensions[4] = {"N", "Ho", "Wo", "last dimension"};
 
 // The messages carry the values read, so they are formatted; each thread keeps its last one for
 // the caller to log or copy (init logs it at once; the C API's caller copies it).
@@ -35,7 +37,7 @@ bool fail(const char** error, const char* format, ...) {
   return false;
 }
 
-// CRC-32 (IEEE 802.3, the polynomial of zlib.crc32), bitwise: the blob is 124 bytes.
+// CRC-32 (IEEE 802.3, the polynomial of zlib.crc32), bitwise: the blob is 124 or 160 bytes.
 uint32_t crc32(const uint8_t* data, size_t size) {
   uint32_t crc = 0xFFFFFFFFu;
   for (size_t i = 0; i < size; ++i) {
@@ -151,6 +153,72 @@ bool dimensions_in_range(const int32_t (&shape)[4]) {
 #define ETKIT_SHAPE_FORMAT "[%d, %d, %d, %d]"
 #define ETKIT_SHAPE_ARGS(s) (s)[0], (s)[1], (s)[2], (s)[3]
 
+// Rules 31 and 32 for one dimension.
+bool check_lower_bound(const char* role, const char* name, bool dynamic, int32_t lower,
+                       int32_t upper, const char** error) {
+  if (!dynamic && lower != upper) {
+    return fail(error, "%s %s is fixed at %d but its lower bound is %d", role, name, upper, lower);
+  }
+  if (dynamic && !(lower >= 1 && lower < upper)) {
+    return fail(error,
+                "%s %s is dynamic with bounds [%d, %d]: the lower bound must be at least 1 and "
+                "below the upper bound",
+                role, name, lower, upper);
+  }
+  return true;
+}
+
+// Rules 28 to 34 (version 3): the dynamic dimensions and the lower bounds, into `out`.
+bool read_bounds(const uint8_t* data, DelegateBlob* out, const char** error) {
+  const unsigned flags = data[kDynamicFlags];
+  if (flags & 0x80u) {  // rule 28
+    return fail(error,
+                "dynamic dimension flags 0x%02x: bit 7 must be 0 (the grid's last dimension is "
+                "always 2)",
+                flags);
+  }
+  if (data[kDynamicFlags + 1] != 0 || data[kDynamicFlags + 2] != 0 ||
+      data[kDynamicFlags + 3] != 0) {  // rule 29
+    return fail(error, "reserved bytes 121 to 123 are not zero");
+  }
+  if (flags == 0) {  // rule 30
+    return fail(error,
+                "format version 3 with no dynamic dimension: fixed shapes are written as format "
+                "version 2");
+  }
+  int32_t* image_lower = out->image_min_shape;
+  int32_t* grid_lower = out->grid_min_shape;
+  for (int i = 0; i < 4; ++i) {
+    image_lower[i] = read<int32_t>(data, kImageLower + 4 * i);
+    grid_lower[i] = read<int32_t>(data, kGridLower + 4 * i);
+  }
+  for (int i = 0; i < 4; ++i) {  // rule 31
+    if (!check_lower_bound("image", kImageDimensions[i], (flags >> i) & 1u, image_lower[i],
+                           out->image_shape[i], error)) {
+      return false;
+    }
+  }
+  for (int i = 0; i < 4; ++i) {  // rule 32
+    const bool dynamic = i < 3 && ((flags >> (4 + i)) & 1u);
+    if (!check_lower_bound("grid", kGridDimensions[i], dynamic, grid_lower[i], out->grid_shape[i],
+                           error)) {
+      return false;
+    }
+  }
+  if (grid_lower[0] != image_lower[0]) {  // rule 33
+    return fail(error, "grid N bounds [%d, %d] differ from the image's N bounds [%d, %d]",
+                grid_lower[0], out->grid_shape[0], image_lower[0], out->image_shape[0]);
+  }
+  if (out->input_count == 1 &&
+      std::memcmp(image_lower, grid_lower, sizeof(int32_t) * 4) != 0) {  // rule 34
+    return fail(error,
+                "image and grid are one tensor (input count 1) but the blob gives them different "
+                "bounds");
+  }
+  out->dynamic = true;
+  return true;
+}
+
 }  // namespace
 
 bool parse_delegate_blob(const void* data_in, size_t size, DelegateBlob* out, const char** error) {
@@ -168,23 +236,27 @@ bool parse_delegate_blob(const void* data_in, size_t size, DelegateBlob* out, co
                 "format version %u is newer than this reader's %u: update etkit-gridsampler",
                 version, unsigned{kBlobVersion});
   }
-  if (version < kBlobVersion) {  // rule 4
+  if (version < kFixedBlobVersion) {  // rule 4
     return fail(error,
                 "format version %u is no longer read (it did not record which argument is the "
                 "image): export the program again with this etkit-gridsampler",
                 version);
   }
   const unsigned size_field = read<uint16_t>(data, 6);
-  if (size_field != kBlobSize) {  // rule 5
-    return fail(error, "size field %u, expected %zu for format version 2", size_field, kBlobSize);
+  const size_t expected_size = version == kFixedBlobVersion ? kBlobSize : kDynamicBlobSize;
+  if (size_field != expected_size) {  // rule 5
+    return fail(error, "size field %u, expected %zu for format version %u", size_field,
+                expected_size, version);
   }
-  if (size < kBlobSize) {  // rule 6
-    return fail(error, "truncated: %zu bytes, expected %zu", size, kBlobSize);
+  if (size < expected_size) {  // rule 6
+    return fail(error, "truncated: %zu bytes, expected %zu", size, expected_size);
   }
-  if (size > kBlobSize) {
-    return fail(error, "%zu bytes, expected %zu (extra bytes after the blob)", size, kBlobSize);
+  if (size > expected_size) {
+    return fail(error, "%zu bytes, expected %zu (extra bytes after the blob)", size,
+                expected_size);
   }
-  if (crc32(data, kCrcOffset) != read<uint32_t>(data, kCrcOffset)) {  // rule 7
+  const size_t crc_offset = expected_size - 4;
+  if (crc32(data, crc_offset) != read<uint32_t>(data, crc_offset)) {  // rule 7
     return fail(error, "checksum mismatch: the blob is corrupt");
   }
   const unsigned mode = data[8], padding = data[9], align = data[10];
@@ -275,6 +347,12 @@ bool parse_delegate_blob(const void* data_in, size_t size, DelegateBlob* out, co
     return fail(error,  // rule 27
                 "image and grid are one tensor (input count 1) but the blob gives them different "
                 "dtypes or shapes");
+  }
+  out->dynamic = false;
+  std::memcpy(out->image_min_shape, image, sizeof out->image_min_shape);
+  std::memcpy(out->grid_min_shape, grid, sizeof out->grid_min_shape);
+  if (version == kBlobVersion) {
+    return read_bounds(data, out, error);
   }
   return true;
 }

@@ -11,8 +11,10 @@
 namespace etkit::gridsampler {
 
 constexpr uint32_t kBlobMagic = 0x53475445;  // "ETGS" read little-endian
-constexpr uint16_t kBlobVersion = 2;
-constexpr size_t kBlobSize = 124;
+constexpr uint16_t kBlobVersion = 3;       // the newest version read
+constexpr uint16_t kFixedBlobVersion = 2;  // fixed shapes; the oldest version read
+constexpr size_t kBlobSize = 124;          // version 2
+constexpr size_t kDynamicBlobSize = 160;   // version 3
 
 enum class DType : uint8_t { kFloat32 = 0, kInt8 = 1, kInt16 = 2 };
 
@@ -33,8 +35,13 @@ struct DelegateBlob {
   uint8_t image_index;
   uint8_t grid_index;
   QParamsRecord image, grid, output;
+  // The shapes, or in version 3 their upper bounds, and the lower bounds (version 2: the shapes).
+  // A dimension is dynamic where its bounds differ.
   int32_t image_shape[4];  // N, C, H, W
   int32_t grid_shape[4];   // N, Ho, Wo, 2
+  int32_t image_min_shape[4];
+  int32_t grid_min_shape[4];
+  bool dynamic;  // some dimension is (a version-3 blob)
 };
 
 // Parses and validates `size` bytes at `data` with the rules of docs/delegate_format.md, in their

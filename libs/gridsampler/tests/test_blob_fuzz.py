@@ -1,6 +1,7 @@
-"""A seeded, bounded fuzzer of the delegate blob: about 1,700 mutants of valid blobs (boundary
-values of every field, pairs of them, bit flips, truncations, extensions, random bodies, random
-valid blobs), most with the checksum recomputed so that the field rules, not the CRC, judge them.
+"""A seeded, bounded fuzzer of the delegate blob: about 2,600 mutants of valid blobs of both
+format versions (2: fixed shapes; 3: bounds of dynamic dimensions) (boundary values of every
+field, pairs of them, bit flips, truncations, extensions, random bodies, random valid blobs), most
+with the checksum recomputed so that the field rules, not the CRC, judge them.
 
 The C++ side runs in a subprocess (this file run as a script), so that a crash or a hang fails the
 test instead of killing pytest. It requires:
@@ -11,7 +12,9 @@ test instead of killing pytest. It requires:
 - the runtime's ``init`` (a ``.pte`` carrying the mutant) accepts exactly the valid blobs whose
   configuration is inside the contract (``plan.unsupported_reason``), and ``execute`` runs exactly
   those whose roles, dtypes and shapes fit the program's tensors, computing what ``cpu.grid_sample``
-  computes for the blob's op.
+  computes for the blob's op. Version-2 mutants run in a program of fixed shapes, version-3
+  mutants in the same program exported with dynamic dimensions (its blob is version 3, its
+  memory planned at the bounds), called with the same tensors.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import torch
 SEED = 20240916
 BLOB_SIZE = 124
 CRC_OFFSET = 120
-WORKER_TIMEOUT_S = 120
+DYNAMIC_BLOB_SIZE = 160  # version 3
+WORKER_TIMEOUT_S = 180
 
 # The program the init/execute half runs: int16 grid first, int8 image second (the tensors are
 # fixed; the mutant blobs say what they expect).
@@ -53,7 +57,7 @@ def _program_inputs() -> tuple[torch.Tensor, torch.Tensor]:
 # The C++ side: this file run as a script.
 
 
-def _worker(mutants_path: str, pte_path: str, results_path: str) -> None:
+def _worker(mutants_path: str, pte_path: str, dynamic_pte_path: str, results_path: str) -> None:
     import ctypes
 
     from executorch.runtime import Runtime
@@ -63,8 +67,14 @@ def _worker(mutants_path: str, pte_path: str, results_path: str) -> None:
 
     library = native_library()
     runtime.register()
-    pte = Path(pte_path).read_bytes()
-    start = pte.find(b"ETGS")
+    # The program of each blob size: its bytes and where its blob starts.
+    ptes = {
+        size: (data, data.find(b"ETGS"))
+        for size, data in (
+            (BLOB_SIZE, Path(pte_path).read_bytes()),
+            (DYNAMIC_BLOB_SIZE, Path(dynamic_pte_path).read_bytes()),
+        )
+    }
     inputs = list(_program_inputs())
     data = Path(mutants_path).read_bytes()
     offset = 0
@@ -81,7 +91,8 @@ def _worker(mutants_path: str, pte_path: str, results_path: str) -> None:
                 "native": None if status == 0 else (error.value or b"").decode(),
             }
             if run_init:
-                program = Runtime.get().load_program(pte[:start] + blob + pte[start + BLOB_SIZE :])
+                pte, start = ptes[len(blob)]
+                program = Runtime.get().load_program(pte[:start] + blob + pte[start + len(blob) :])
                 try:
                     method = program.load_method("forward")
                 except RuntimeError:
@@ -100,7 +111,7 @@ def _worker(mutants_path: str, pte_path: str, results_path: str) -> None:
 
 
 if __name__ == "__main__":
-    _worker(*sys.argv[1:4])
+    _worker(*sys.argv[1:5])
     sys.exit(0)
 
 
@@ -133,8 +144,52 @@ def _f32(value: float) -> float:
     return float(torch.tensor(value, dtype=torch.float32))
 
 
+# The dynamic program's bounds: H from 3 (its Dim's min), everything else dynamic from 1 (the
+# partitioner records torch's default min so).
+DYNAMIC_IMAGE = ((1, 3, 3, 1), (1, 3, 12, 12))
+DYNAMIC_GRID = ((1, 1, 1, 2), (1, 10, 10, 2))
+
+
+def _dynamic_seeds() -> list[bytes]:
+    """Valid version-3 blobs; the first is the dynamic program's own."""
+    int8_grid = QParams(1 / 127, 0, -127, 127, torch.int8)
+    return [
+        encode(
+            PROGRAM_OP,
+            DYNAMIC_IMAGE[1],
+            DYNAMIC_GRID[1],
+            roles=PROGRAM_ROLES,
+            image_min_shape=DYNAMIC_IMAGE[0],
+            grid_min_shape=DYNAMIC_GRID[0],
+        ),
+        encode(  # N dynamic too, the image's C as well
+            GridSampleOp("nearest", "zeros", True, IMAGE_Q, int8_grid, OUTPUT_Q),
+            (4, 8, 30, 40),
+            (4, 10, 12, 2),
+            roles=ArgumentRoles(2, 0, 1),
+            image_min_shape=(1, 2, 30, 2),
+            grid_min_shape=(1, 10, 1, 2),
+        ),
+        encode(  # one tensor for both roles
+            GridSampleOp(),
+            (3, 7, 9, 2),
+            (3, 7, 9, 2),
+            roles=ArgumentRoles(1, 0, 0),
+            image_min_shape=(1, 7, 2, 2),
+            grid_min_shape=(1, 7, 2, 2),
+        ),
+        encode(  # the program's shapes, only the grid's Wo dynamic
+            GridSampleOp("bilinear", "reflection", False, IMAGE_Q, GRID_Q, OUTPUT_Q),
+            IMAGE_SHAPE,
+            (1, 5, 8, 2),
+            roles=PROGRAM_ROLES,
+            grid_min_shape=(1, 5, 6, 2),
+        ),
+    ]
+
+
 def _seeds() -> list[bytes]:
-    """Valid blobs the mutants start from; the first is the program's own."""
+    """Valid version-2 blobs the mutants start from; the first is the program's own."""
     int8_grid = QParams(1 / 127, 0, -127, 127, torch.int8)
     return [
         encode(PROGRAM_OP, IMAGE_SHAPE, GRID_SHAPE, roles=PROGRAM_ROLES),
@@ -187,8 +242,22 @@ SHAPE_PAIRS = [
 ]
 
 
+def _dynamic_fields() -> list[tuple[int, str, list[Any]]]:
+    """(offset, struct format, boundary values) of every field only version 3 has."""
+    fields: list[tuple[int, str, list[Any]]] = [
+        (120, "<B", [0, 1, 2, 0x0C, 0x0D, 0x10, 0x60, 0x6C, 0x6F, 0x7F, 0x80, 0x8C, 0xFF]),
+        (121, "<B", [0, 1, 255]),
+        (122, "<H", [0, 1, 0xFFFF]),
+    ]
+    for lower in (124, 140):
+        fields += [
+            (lower + 4 * i, "<i", [*DIMENSION_BOUNDS, 4, 9, 10, 11, 12, 13]) for i in range(4)
+        ]
+    return fields
+
+
 def _fields() -> list[tuple[int, str, list[Any]]]:
-    """(offset, struct format, boundary values) of every field."""
+    """(offset, struct format, boundary values) of every field both versions have."""
     fields: list[tuple[int, str, list[Any]]] = [
         (4, "<H", [0, 1, 2, 3, 0xFFFF]),
         (6, "<H", [0, 120, 123, 124, 125, 0xFFFF]),
@@ -217,12 +286,14 @@ def _fields() -> list[tuple[int, str, list[Any]]]:
 
 
 def _with_crc(blob: bytearray) -> bytes:
-    struct.pack_into("<I", blob, CRC_OFFSET, zlib.crc32(bytes(blob[:CRC_OFFSET])))
+    crc_offset = len(blob) - 4  # 120 (version 2) or 156 (version 3)
+    struct.pack_into("<I", blob, crc_offset, zlib.crc32(bytes(blob[:crc_offset])))
     return bytes(blob)
 
 
-def _random_valid(rng: random.Random) -> bytes:
-    """A valid blob of the program's shapes and roles with random quantization."""
+def _random_valid(rng: random.Random, dynamic: bool = False) -> bytes:
+    """A valid blob of the program's shapes (``dynamic``: random bounds around them, a version-3
+    blob) and roles with random quantization."""
 
     def qparams(dtype: torch.dtype, low: int, high: int, scale: float) -> QParams:
         a, b = sorted((rng.randint(low, high), rng.randint(low, high)))
@@ -239,12 +310,39 @@ def _random_valid(rng: random.Random) -> bytes:
         grid,
         output,
     )
-    return encode(op, IMAGE_SHAPE, GRID_SHAPE, roles=PROGRAM_ROLES)
+    if not dynamic:
+        return encode(op, IMAGE_SHAPE, GRID_SHAPE, roles=PROGRAM_ROLES)
+    # Random bounds around the program's sizes: mostly containing them, sometimes not.
+    image_lower, image_upper, grid_lower, grid_upper = [], [], [], []
+    for size, lowers, uppers in (
+        *((s, image_lower, image_upper) for s in IMAGE_SHAPE),
+        *((s, grid_lower, grid_upper) for s in GRID_SHAPE[:3]),
+    ):
+        if rng.random() < 0.5:
+            lowers.append(size)
+            uppers.append(size)
+        else:
+            lowers.append(max(1, size - rng.randint(0, 4) + (rng.random() < 0.1) * 5))
+            uppers.append(size + rng.randint(1, 6) - (rng.random() < 0.1) * 5)
+            uppers[-1] = max(uppers[-1], lowers[-1] + 1)
+    image_lower[0] = grid_lower[0] = min(image_lower[0], grid_lower[0])  # rule 33: one N
+    image_upper[0] = grid_upper[0] = max(image_upper[0], grid_upper[0], image_lower[0] + 1)
+    grid_lower.append(2)
+    grid_upper.append(2)
+    return encode(
+        op,
+        tuple(image_upper),
+        tuple(grid_upper),
+        roles=PROGRAM_ROLES,
+        image_min_shape=tuple(image_lower),
+        grid_min_shape=tuple(grid_lower),
+    )
 
 
 def _mutants() -> list[bytes]:
     rng = random.Random(SEED)
-    seeds = _seeds()
+    seeds = _seeds() + _dynamic_seeds()
+    dynamic_seeds = _dynamic_seeds()
     fields = _fields()
     mutants: list[bytes] = list(seeds)
 
@@ -259,8 +357,15 @@ def _mutants() -> list[bytes]:
         for value in values:
             mutants.append(_with_crc(set_field(seeds[count % len(seeds)], offset, fmt, value)))
             count += 1
+    # The same for the fields of version 3, on its seeds.
+    count = 0
+    for offset, fmt, values in _dynamic_fields():
+        for value in values:
+            target = dynamic_seeds[count % len(dynamic_seeds)]
+            mutants.append(_with_crc(set_field(target, offset, fmt, value)))
+            count += 1
     # Records made absent or taken from another seed, and shapes that are valid one by one but
-    # not together: the rules between fields (18, 19, 26, 27).
+    # not together: the rules between fields (18, 19, 26, 27; 33, 34).
     for target in seeds:
         for record in (16, 40, 64):
             mutants.append(_with_crc(set_field(target, record, "<24s", bytes(24))))
@@ -273,22 +378,36 @@ def _mutants() -> list[bytes]:
             data = bytearray(target)
             struct.pack_into("<4i4i", data, 88, *image_shape, *grid_shape)
             mutants.append(_with_crc(data))
+    # Lower bounds taken from another version-3 seed (rules 31 to 34 between fields).
+    for target in dynamic_seeds:
+        for donor in dynamic_seeds:
+            if donor != target:
+                for offset in (120, 124, 140):
+                    data = bytearray(target)
+                    data[offset : offset + 16] = donor[offset : offset + 16]
+                    mutants.append(_with_crc(data))
+    # The N of the seed whose N is dynamic: each of image and grid given other valid bounds.
+    for offset, lower in ((124, 2), (124, 3), (140, 2), (140, 3)):
+        mutants.append(_with_crc(set_field(dynamic_seeds[1], offset, "<i", lower)))
     # Pairs of boundary values, where the rules interact (a range and its zero point, ...).
-    for _ in range(400):
+    all_fields = fields + _dynamic_fields()
+    for _ in range(600):
         data = bytearray(rng.choice(seeds))
-        for offset, fmt, values in rng.sample(fields, 2):
+        for offset, fmt, values in rng.sample(fields if len(data) == BLOB_SIZE else all_fields, 2):
             struct.pack_into(fmt, data, offset, rng.choice(values))
         mutants.append(_with_crc(data))
     # Bit flips; one in ten keeps the old checksum.
-    for _ in range(400):
+    for _ in range(500):
         data = bytearray(rng.choice(seeds))
         for _ in range(rng.randint(1, 4)):
-            bit = rng.randrange(CRC_OFFSET * 8)
+            bit = rng.randrange((len(data) - 4) * 8)
             data[bit // 8] ^= 1 << (bit % 8)
         mutants.append(bytes(data) if rng.random() < 0.1 else _with_crc(data))
     # Truncations (every length up to the header and beyond) and extensions.
     for length in list(range(16)) + [rng.randrange(16, BLOB_SIZE) for _ in range(60)]:
         mutants.append(rng.choice(seeds)[:length])
+    for _ in range(30):
+        mutants.append(rng.choice(dynamic_seeds)[: rng.randrange(BLOB_SIZE, DYNAMIC_BLOB_SIZE)])
     for _ in range(60):
         extra = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
         data = bytearray(rng.choice(seeds) + extra)
@@ -296,13 +415,16 @@ def _mutants() -> list[bytes]:
             struct.pack_into("<H", data, 6, len(data))  # a size field that agrees
         mutants.append(bytes(data))
     # Random bodies behind a valid header.
-    for _ in range(100):
-        data = bytearray(rng.randbytes(BLOB_SIZE))
-        data[:8] = rng.choice(seeds)[:8]
+    for _ in range(150):
+        seed = rng.choice(seeds)
+        data = bytearray(rng.randbytes(len(seed)))
+        data[:8] = seed[:8]
         mutants.append(_with_crc(data))
     # Random valid blobs: the readers must accept them, the runtime run them.
     for _ in range(120):
         mutants.append(_random_valid(rng))
+    for _ in range(150):
+        mutants.append(_random_valid(rng, dynamic=True))
     return mutants
 
 
@@ -313,12 +435,12 @@ _SHAPE = r"\[-?\d+, -?\d+, -?\d+, -?\d+\]"
 RULE_PATTERNS: dict[str, str] = {
     "1": r"truncated: \d+ bytes, shorter than the 8-byte header",
     "2": r"bad magic: not an etkit grid-sampler blob",
-    "3": r"format version \d+ is newer than this reader's 2: update etkit-gridsampler",
+    "3": r"format version \d+ is newer than this reader's 3: update etkit-gridsampler",
     "4": r"format version [01] is no longer read \(it did not record which argument is the "
     r"image\): export the program again with this etkit-gridsampler",
-    "5": r"size field \d+, expected 124 for format version 2",
-    "6": r"truncated: \d+ bytes, expected 124"
-    r"|\d+ bytes, expected 124 \(extra bytes after the blob\)",
+    "5": r"size field \d+, expected (124 for format version 2|160 for format version 3)",
+    "6": r"truncated: \d+ bytes, expected (124|160)"
+    r"|\d+ bytes, expected (124|160) \(extra bytes after the blob\)",
     "7": r"checksum mismatch: the blob is corrupt",
     "8": r"mode code \d+, must be 0 \(bilinear\) or 1 \(nearest\)",
     "9": r"padding code \d+, must be 0 \(zeros\), 1 \(border\) or 2 \(reflection\)",
@@ -351,6 +473,18 @@ RULE_PATTERNS: dict[str, str] = {
     "26": r"output shape " + _SHAPE + r": more than 2147483647 elements",
     "27": r"image and grid are one tensor \(input count 1\) but the blob gives them different "
     r"dtypes or shapes",
+    "28": r"dynamic dimension flags 0x[89a-f][0-9a-f]: bit 7 must be 0 \(the grid's last "
+    r"dimension is always 2\)",
+    "29": r"reserved bytes 121 to 123 are not zero",
+    "30": r"format version 3 with no dynamic dimension: fixed shapes are written as format "
+    r"version 2",
+    "31": r"image (N|C|H|W) is (fixed at -?\d+ but its lower bound is -?\d+|dynamic with bounds "
+    r"\[-?\d+, -?\d+\]: the lower bound must be at least 1 and below the upper bound)",
+    "32": r"grid (N|Ho|Wo|last dimension) is (fixed at -?\d+ but its lower bound is -?\d+|dynamic "
+    r"with bounds \[-?\d+, -?\d+\]: the lower bound must be at least 1 and below the upper bound)",
+    "33": r"grid N bounds \[-?\d+, -?\d+\] differ from the image's N bounds \[-?\d+, -?\d+\]",
+    "34": r"image and grid are one tensor \(input count 1\) but the blob gives them different "
+    r"bounds",
 }
 
 
@@ -368,10 +502,11 @@ _ROLE_DTYPES = {16: (1,), 40: (1, 2), 64: (1,)}
 
 def _assert_within_spec(blob: bytes) -> None:
     """The rules of docs/delegate_format.md, restated on the raw bytes."""
-    assert len(blob) == BLOB_SIZE
+    assert len(blob) in (BLOB_SIZE, DYNAMIC_BLOB_SIZE)
     magic, version, size = struct.unpack_from("<4sHH", blob)
-    assert (magic, version, size) == (b"ETGS", 2, BLOB_SIZE)
-    assert struct.unpack_from("<I", blob, CRC_OFFSET)[0] == zlib.crc32(blob[:CRC_OFFSET])
+    assert (magic, version, size) == (b"ETGS", 2 if len(blob) == BLOB_SIZE else 3, len(blob))
+    crc_offset = len(blob) - 4
+    assert struct.unpack_from("<I", blob, crc_offset)[0] == zlib.crc32(blob[:crc_offset])
     mode, padding, align, reserved11, inputs, image, grid, reserved15 = blob[8:16]
     assert mode <= 1 and padding <= 2 and align <= 1 and reserved11 == 0 and reserved15 == 0
     assert inputs in (1, 2) and image < inputs and grid < inputs
@@ -403,6 +538,25 @@ def _assert_within_spec(blob: bytes) -> None:
         assert math.prod(shape) <= 2**31 - 1
     if inputs == 1:
         assert tensor_dtypes[16] == tensor_dtypes[40] and image_shape == grid_shape
+    if version == 2:
+        return
+    flags = blob[120]
+    assert flags != 0 and not flags & 0x80 and blob[121:124] == bytes(3)
+    image_lower, grid_lower = _lower_bounds(blob)
+    for i, (lower, upper) in enumerate(zip(image_lower, image_shape, strict=True)):
+        assert (1 <= lower < upper) if flags >> i & 1 else lower == upper
+    for i, (lower, upper) in enumerate(zip(grid_lower, grid_shape, strict=True)):
+        assert (1 <= lower < upper) if i < 3 and flags >> (4 + i) & 1 else lower == upper
+    assert grid_lower[0] == image_lower[0]
+    if inputs == 1:
+        assert image_lower == grid_lower
+
+
+def _lower_bounds(blob: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The lower bounds of a version-3 blob, read from its bytes; a version-2 blob's shapes."""
+    if len(blob) == BLOB_SIZE:
+        return _shapes(blob)
+    return struct.unpack_from("<4i", blob, 124), struct.unpack_from("<4i", blob, 140)
 
 
 @dataclass(frozen=True)
@@ -426,26 +580,36 @@ def _expected(blob: bytes, run_init: bool) -> tuple[_Expected, GridSampleOp | No
     op = decoded.op
     height, width = decoded.image_shape[2], decoded.image_shape[3]
     init = op.is_float or unsupported_reason(op, height, width) is None
-    # The program passes (grid int16 GRID_SHAPE, image int8 IMAGE_SHAPE) and has an int8 output
-    # of OUTPUT_SHAPE.
+    # Both programs pass (grid int16 GRID_SHAPE, image int8 IMAGE_SHAPE) and have an int8
+    # output (OUTPUT_SHAPE; the dynamic program's planned at its bounds, resized to it).
     arguments = [(torch.int16, GRID_SHAPE), (torch.int8, IMAGE_SHAPE)]
     roles = decoded.roles
-    output_shape = (*decoded.image_shape[:2], *decoded.grid_shape[1:3])
+
+    def fits(
+        argument: tuple[torch.dtype, tuple[int, ...]], dtype: torch.dtype, bounds: Any
+    ) -> bool:
+        return argument[0] == dtype and all(
+            lo <= s <= hi for s, (lo, hi) in zip(argument[1], bounds, strict=True)
+        )
+
     execute = (
         init
         and roles.inputs == 2
-        and arguments[roles.image] == (_torch_dtype(op.image), decoded.image_shape)
-        and arguments[roles.grid] == (_torch_dtype(op.grid), decoded.grid_shape)
-        and (_torch_dtype(op.output), output_shape) == (torch.int8, OUTPUT_SHAPE)
+        and fits(arguments[roles.image], _torch_dtype(op.image), decoded.image_bounds())
+        and fits(arguments[roles.grid], _torch_dtype(op.grid), decoded.grid_bounds())
+        and arguments[roles.image][1][0] == arguments[roles.grid][1][0]
+        and _torch_dtype(op.output) == torch.int8
     )
     return _Expected(None, init, execute if init else None), op
 
 
-def _build_program(path: Path) -> None:
+def _build_program(path: Path, dynamic: bool = False) -> None:
     """The program the worker runs the mutants in: an int16 grid and an int8 image in, the grid
-    first, one grid-sampler delegate."""
+    first, one grid-sampler delegate; ``dynamic``: exported with dynamic H and W of the image
+    and Ho and Wo of the grid (``DYNAMIC_IMAGE``, ``DYNAMIC_GRID``; a version-3 blob)."""
     import torch.nn.functional as F
     from executorch.exir import to_edge_transform_and_lower
+    from torch.export import Dim
 
     from etkit_gridsampler import GridSamplerPartitioner
 
@@ -466,22 +630,35 @@ def _build_program(path: Path) -> None:
             )
             return result
 
+    dynamic_shapes = (
+        (
+            {1: Dim("ho", max=10), 2: Dim("wo", max=10)},
+            {2: Dim("h", min=3, max=12), 3: Dim("w", max=12)},
+        )
+        if dynamic
+        else None
+    )
     program = to_edge_transform_and_lower(
-        torch.export.export(GridFirst(), _program_inputs(), strict=True),
+        torch.export.export(
+            GridFirst(), _program_inputs(), dynamic_shapes=dynamic_shapes, strict=True
+        ),
         partitioner=[GridSamplerPartitioner()],
     )
     path.write_bytes(program.to_executorch().buffer)
 
 
 def test_blob_fuzz_python_and_cpp_agree(tmp_path: Path) -> None:
-    pte = tmp_path / "program.pte"
+    pte, dynamic_pte = tmp_path / "program.pte", tmp_path / "dynamic.pte"
     _build_program(pte)
+    _build_program(dynamic_pte, dynamic=True)
+    # the worker swaps mutants in for these blobs
     program = pte.read_bytes()
-    program_blob = program[program.find(b"ETGS") :][:BLOB_SIZE]
-    assert program_blob == _seeds()[0]  # the worker swaps mutants in for this blob
+    assert program[program.find(b"ETGS") :][:BLOB_SIZE] == _seeds()[0]
+    program = dynamic_pte.read_bytes()
+    assert program[program.find(b"ETGS") :][:DYNAMIC_BLOB_SIZE] == _dynamic_seeds()[0]
 
     mutants = _mutants()
-    assert 1000 <= len(mutants) <= 2000
+    assert 2000 <= len(mutants) <= 3200
     rng = random.Random(SEED + 1)
     expected: list[_Expected] = []
     ops: list[GridSampleOp | None] = []
@@ -494,7 +671,7 @@ def test_blob_fuzz_python_and_cpp_agree(tmp_path: Path) -> None:
             decode(blob)
         except DelegateFormatError:
             valid = False
-        run_init = len(blob) == BLOB_SIZE and (valid or rng.random() < 0.05)
+        run_init = len(blob) in (BLOB_SIZE, DYNAMIC_BLOB_SIZE) and (valid or rng.random() < 0.05)
         want, op = _expected(blob, run_init)
         expected.append(want)
         ops.append(op)
@@ -506,7 +683,11 @@ def test_blob_fuzz_python_and_cpp_agree(tmp_path: Path) -> None:
     with log_path.open("w") as log:
         try:
             completed = subprocess.run(
-                [sys.executable, __file__, str(mutants_path), str(pte), str(results_path)],
+                [
+                    sys.executable,
+                    __file__,
+                    *map(str, (mutants_path, pte, dynamic_pte, results_path)),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 timeout=WORKER_TIMEOUT_S,
@@ -529,6 +710,7 @@ def test_blob_fuzz_python_and_cpp_agree(tmp_path: Path) -> None:
     undocumented: set[str] = set()
     rules_hit: set[str] = set()
     accepted = executed = 0
+    executed_by_version = {2: 0, 3: 0}
     grid_q, image_q = _program_inputs()
     for index, (blob, line) in enumerate(zip(mutants, lines, strict=True)):
         result = json.loads(line)
@@ -541,7 +723,15 @@ def test_blob_fuzz_python_and_cpp_agree(tmp_path: Path) -> None:
             accepted += 1
             _assert_within_spec(blob)
             assert op is not None
-            assert encode(op, *_shapes(blob), roles=decode(blob).roles) == blob, where
+            image_lower, grid_lower = _lower_bounds(blob)
+            again = encode(
+                op,
+                *_shapes(blob),
+                roles=decode(blob).roles,
+                image_min_shape=image_lower,
+                grid_min_shape=grid_lower,
+            )
+            assert again == blob, where
         else:
             rule = _rule_of(want.message)
             if rule is None:
@@ -558,6 +748,7 @@ def test_blob_fuzz_python_and_cpp_agree(tmp_path: Path) -> None:
             elif ran:
                 assert op is not None
                 executed += 1
+                executed_by_version[2 if len(blob) == BLOB_SIZE else 3] += 1
                 dtype, values = result["execute"]
                 reference = cpu.grid_sample(image_q, grid_q, op)
                 if dtype != str(reference.dtype) or values != reference.flatten().tolist():
@@ -567,7 +758,8 @@ def test_blob_fuzz_python_and_cpp_agree(tmp_path: Path) -> None:
     # The mutants reach every rule, and enough of them are valid to exercise init and execute.
     all_rules = set(RULE_PATTERNS)
     assert rules_hit == all_rules, sorted(all_rules - rules_hit)
-    assert accepted >= 150 and executed >= 100, (accepted, executed)
+    assert accepted >= 300 and executed >= 200, (accepted, executed)
+    assert min(executed_by_version.values()) >= 80, executed_by_version
 
 
 def _shapes(blob: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:

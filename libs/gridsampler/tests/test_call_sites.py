@@ -65,3 +65,32 @@ def test_a_shape_the_call_does_not_pass_is_refused(
     _rewrite(program, image_shape=(1, 4, 9, 8))
     with pytest.raises(CallSiteError, match=r"built for float32 \[1, 4, 9, 8\]"):
         check_call_sites(program)
+
+
+def test_dynamic_sizes_within_the_bounds_pass_and_others_are_refused() -> None:
+    """A program with dynamic H and W: its call passes every size its Dims allow, which the
+    blob's bounds hold; a blob with a narrower bound than the call's is refused."""
+    h, w = torch.export.Dim("h", min=4, max=16), torch.export.Dim("w", max=24)
+    inputs = (torch.rand(1, 5, 7, 2) * 2 - 1, torch.rand(1, 4, 8, 8))
+    manager = to_edge_transform_and_lower(
+        torch.export.export(GridFirst(), inputs, dynamic_shapes=({}, {2: h, 3: w}), strict=True),
+        partitioner=[GridSamplerPartitioner()],
+    )
+    program = manager.exported_program()
+    (site,) = check_call_sites(program)
+    blob = decode(bytes(_lowered(program).processed_bytes))
+    assert site.arguments[blob.roles.image][0] == (1, 4, 16, 24)
+    assert site.lower_bounds[blob.roles.image] == (1, 4, 4, 1)
+    _lowered(program)._processed_bytes = encode(
+        blob.op,
+        (1, 4, 12, 24),
+        blob.grid_shape,
+        roles=blob.roles,
+        image_min_shape=blob.image_min_shape,
+    )
+    message = (
+        r"argument \d \(image\) is float32 \[1, 4, 4\.\.16, 1\.\.24\] but the delegate was built "
+        r"for float32 \[1, 4, 4\.\.12, 1\.\.24\]"
+    )
+    with pytest.raises(CallSiteError, match=message):
+        check_call_sites(program)

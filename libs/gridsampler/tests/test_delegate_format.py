@@ -15,11 +15,12 @@ import torch
 from etkit_gridsampler import GridSampleOp, QParams
 from etkit_gridsampler.delegate_format import (
     BLOB_SIZE,
-    CRC_OFFSET,
+    DYNAMIC_BLOB_SIZE,
     ArgumentRoles,
     DelegateFormatError,
     decode,
     encode,
+    shape_text,
 )
 from etkit_gridsampler.runtime import validate_blob
 
@@ -37,7 +38,8 @@ IMAGE_SHAPE, GRID_SHAPE = (1, 4, 6, 8), (1, 5, 7, 2)
 
 
 def _with_crc(blob: bytes) -> bytes:
-    return blob[:CRC_OFFSET] + struct.pack("<I", zlib.crc32(blob[:CRC_OFFSET]))
+    crc_offset = len(blob) - 4  # 120 (version 2) or 156 (version 3)
+    return blob[:crc_offset] + struct.pack("<I", zlib.crc32(blob[:crc_offset]))
 
 
 def _set(offset: int, fmt: str, *values: object) -> Callable[[bytes], bytes]:
@@ -109,6 +111,45 @@ def _blob() -> bytes:
     return encode(OP, IMAGE_SHAPE, GRID_SHAPE, roles=GRID_FIRST)
 
 
+# A version-3 blob: the image's H and W and the grid's Ho and Wo dynamic.
+IMAGE_UPPER, IMAGE_LOWER = (1, 4, 64, 96), (1, 4, 1, 1)
+GRID_UPPER, GRID_LOWER = (1, 48, 80, 2), (1, 1, 1, 2)
+
+
+def _dynamic_blob() -> bytes:
+    return encode(
+        OP,
+        IMAGE_UPPER,
+        GRID_UPPER,
+        roles=GRID_FIRST,
+        image_min_shape=IMAGE_LOWER,
+        grid_min_shape=GRID_LOWER,
+    )
+
+
+def _dynamic_batch_blob() -> bytes:
+    """N dynamic too (1 to 4), and C fixed."""
+    return encode(
+        OP,
+        (4, 4, 64, 96),
+        (4, 48, 80, 2),
+        roles=GRID_FIRST,
+        image_min_shape=(1, 4, 8, 8),
+        grid_min_shape=(1, 8, 8, 2),
+    )
+
+
+def _dynamic_one_tensor_blob() -> bytes:
+    return encode(
+        FLOAT_OP,
+        (1, 16, 9, 2),
+        (1, 16, 9, 2),
+        roles=ArgumentRoles(1, 0, 0),
+        image_min_shape=(1, 2, 3, 2),
+        grid_min_shape=(1, 2, 3, 2),
+    )
+
+
 def _float_blob() -> bytes:
     return encode(FLOAT_OP, IMAGE_SHAPE, GRID_SHAPE, roles=GRID_FIRST)
 
@@ -121,12 +162,23 @@ def _absent(offset: int) -> Callable[[bytes], bytes]:
 RULE_CASES: list[tuple[str, Callable[[], bytes], Callable[[bytes], bytes], str]] = [
     ("1", _blob, lambda b: b[:7], "truncated: 7 bytes, shorter than the 8-byte header"),
     ("2", _blob, lambda b: b"XXXX" + b[4:], "bad magic: not an etkit grid-sampler blob"),
-    ("3", _blob, _set(4, "<H", 3), "format version 3 is newer than this reader's 2"),
+    ("3", _blob, _set(4, "<H", 4), "format version 4 is newer than this reader's 3"),
+    ("3-v3", _dynamic_blob, _set(4, "<H", 0xFFFF), "format version 65535 is newer than this"),
     ("4-v1", _blob, _set(4, "<H", 1), "format version 1 is no longer read"),
     ("4-v0", _blob, _set(4, "<H", 0), "format version 0 is no longer read"),
     ("5", _blob, _set(6, "<H", 120), "size field 120, expected 124 for format version 2"),
     ("6-short", _blob, lambda b: b[:50], "truncated: 50 bytes, expected 124"),
     ("6-long", _blob, lambda b: b + b"\0", "125 bytes, expected 124 (extra bytes after the blob)"),
+    (
+        "5-v3",
+        _dynamic_blob,
+        _set(6, "<H", 124),
+        "size field 124, expected 160 for format version 3",
+    ),
+    ("5-v2-as-v3", _blob, _set(4, "<H", 3), "size field 124, expected 160 for format version 3"),
+    ("6-v3-short", _dynamic_blob, lambda b: b[:124], "truncated: 124 bytes, expected 160"),
+    ("6-v3-long", _dynamic_blob, lambda b: b + b"\0", "161 bytes, expected 160 (extra bytes"),
+    ("7-v3", _dynamic_blob, lambda b: b[:130] + bytes([b[130] ^ 1]) + b[131:], "checksum"),
     ("7", _blob, lambda b: b[:20] + bytes([b[20] ^ 1]) + b[21:], "checksum mismatch"),
     ("8", _blob, _set(8, "<B", 7), "mode code 7, must be 0 (bilinear) or 1 (nearest)"),
     ("9", _blob, _set(9, "<B", 3), "padding code 3, must be 0 (zeros), 1 (border) or 2"),
@@ -232,6 +284,61 @@ RULE_CASES: list[tuple[str, Callable[[], bytes], Callable[[bytes], bytes], str]]
         _set(12, "<BBB", 1, 0, 0),
         "image and grid are one tensor (input count 1) but the blob gives them different",
     ),
+    ("20-v3", _dynamic_blob, _set(88, "<4i", 1, 4, 0, 96), "image shape [1, 4, 0, 96]: every"),
+    (
+        "28",
+        _dynamic_blob,
+        _set(120, "<B", 0x8C),
+        "dynamic dimension flags 0x8c: bit 7 must be 0 (the grid's last dimension is always 2)",
+    ),
+    ("29", _dynamic_blob, _set(122, "<B", 1), "reserved bytes 121 to 123 are not zero"),
+    (
+        "30",
+        _dynamic_blob,
+        _set(120, "<B", 0),
+        "format version 3 with no dynamic dimension: fixed shapes are written as format version 2",
+    ),
+    (
+        "31-fixed",
+        _dynamic_blob,
+        _set(128, "<i", 3),
+        "image C is fixed at 4 but its lower bound is 3",
+    ),
+    (
+        "31-zero",
+        _dynamic_blob,
+        _set(132, "<i", 0),
+        "image H is dynamic with bounds [0, 64]: the lower bound must be at least 1 and below the "
+        "upper bound",
+    ),
+    ("31-equal", _dynamic_blob, _set(136, "<i", 96), "image W is dynamic with bounds [96, 96]"),
+    ("31-above", _dynamic_blob, _set(136, "<i", 97), "image W is dynamic with bounds [97, 96]"),
+    ("31-flag", _dynamic_blob, _set(120, "<B", 0x6E), "image C is dynamic with bounds [4, 4]"),
+    (
+        "32-fixed",
+        _dynamic_blob,
+        _set(140, "<i", 2),
+        "grid N is fixed at 1 but its lower bound is 2",
+    ),
+    ("32-dynamic", _dynamic_blob, _set(148, "<i", 80), "grid Wo is dynamic with bounds [80, 80]"),
+    (
+        "32-last",
+        _dynamic_blob,
+        _set(152, "<i", 1),
+        "grid last dimension is fixed at 2 but its lower bound is 1",
+    ),
+    (
+        "33",
+        _dynamic_batch_blob,
+        _set(140, "<i", 2),
+        "grid N bounds [2, 4] differ from the image's N bounds [1, 4]",
+    ),
+    (
+        "34",
+        _dynamic_one_tensor_blob,
+        _set(140, "<4i", 1, 3, 3, 2),
+        "image and grid are one tensor (input count 1) but the blob gives them different bounds",
+    ),
 ]
 
 
@@ -252,7 +359,7 @@ def test_each_rule_refused_by_both_sides_with_one_message(
 
 def test_every_rule_has_a_case() -> None:
     rules = {case[0].split("-")[0] for case in RULE_CASES}
-    expected = {str(n) for n in range(1, 28) if n != 17} | {f"17{c}" for c in "abcdefghijk"}
+    expected = {str(n) for n in range(1, 35) if n != 17} | {f"17{c}" for c in "abcdefghijk"}
     assert expected <= rules, sorted(expected - rules)
 
 
@@ -300,3 +407,53 @@ def test_encode_refuses_what_decode_would() -> None:
             GRID_SHAPE,
             roles=GRID_FIRST,
         )
+
+
+@pytest.mark.parametrize(
+    "make", [_dynamic_blob, _dynamic_batch_blob, _dynamic_one_tensor_blob], ids=lambda f: f.__name__
+)
+def test_dynamic_round_trip(make: Callable[[], bytes]) -> None:
+    blob = make()
+    assert len(blob) == DYNAMIC_BLOB_SIZE and struct.unpack_from("<HH", blob, 4) == (3, 160)
+    decoded = decode(blob)
+    assert decoded.is_dynamic and decoded.version == 3
+    validate_blob(blob)  # the C++ side accepts it too
+    again = encode(
+        decoded.op,
+        decoded.image_shape,
+        decoded.grid_shape,
+        roles=decoded.roles,
+        image_min_shape=decoded.image_min_shape,
+        grid_min_shape=decoded.grid_min_shape,
+    )
+    assert again == blob
+
+
+def test_dynamic_blob_fields() -> None:
+    decoded = decode(_dynamic_blob())
+    assert (decoded.image_shape, decoded.image_min_shape) == (IMAGE_UPPER, IMAGE_LOWER)
+    assert (decoded.grid_shape, decoded.grid_min_shape) == (GRID_UPPER, GRID_LOWER)
+    assert _dynamic_blob()[120] == 0b0110_1100  # image H, W; grid Ho, Wo
+    assert decoded.image_bounds() == ((1, 1), (4, 4), (1, 64), (1, 96))
+    assert shape_text(decoded.image_min_shape, decoded.image_shape) == "[1, 4, 1..64, 1..96]"
+    # The first 120 bytes are laid out as in version 2 (the shapes are the upper bounds).
+    fixed = encode(OP, IMAGE_UPPER, GRID_UPPER, roles=GRID_FIRST)
+    assert _dynamic_blob()[8:120] == fixed[8:120]
+
+
+def test_fixed_shapes_are_written_as_version_2() -> None:
+    """Bounds that are all equal are fixed shapes: the version-2 blob, byte for byte."""
+    blob = encode(OP, IMAGE_SHAPE, GRID_SHAPE, roles=GRID_FIRST, image_min_shape=IMAGE_SHAPE)
+    assert blob == _blob() and len(blob) == BLOB_SIZE
+    decoded = decode(blob)
+    assert not decoded.is_dynamic and decoded.version == 2
+    assert decoded.image_min_shape == IMAGE_SHAPE and decoded.grid_min_shape == GRID_SHAPE
+
+
+def test_encode_refuses_bad_bounds() -> None:
+    with pytest.raises(DelegateFormatError, match=r"image H is dynamic with bounds \[9, 6\]"):
+        encode(OP, IMAGE_SHAPE, GRID_SHAPE, roles=GRID_FIRST, image_min_shape=(1, 4, 9, 8))
+    with pytest.raises(DelegateFormatError, match="grid N bounds"):
+        encode(OP, (2, 4, 6, 8), (2, 5, 7, 2), roles=GRID_FIRST, image_min_shape=(1, 4, 6, 8))
+    with pytest.raises(DelegateFormatError, match="grid last dimension is fixed at 2"):
+        encode(OP, IMAGE_SHAPE, GRID_SHAPE, roles=GRID_FIRST, grid_min_shape=(1, 2, 7, 1))

@@ -279,6 +279,76 @@ def test_control_flow_and_dynamic_shapes(tmp_path: Path) -> None:
         program.run([_rand(9, 2, 3)])
 
 
+class Resizing:
+    """A ``Backend`` that gives its dynamic output the sizes of what it computed."""
+
+    label = "resizing backend"
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def num_inputs(self, delegate: DelegateInfo) -> int | None:
+        return 2
+
+    def execute(self, call: DelegateCall) -> str:
+        (value,) = self.model(call.delegate.processed, [], call.inputs)
+        call.resize_output(0, value.shape).copy_(value)
+        return self.label
+
+
+def test_dynamic_delegate_outputs_are_resized(tmp_path: Path) -> None:
+    """An XNNPACK delegate in a program of dynamic batch: its inputs come with the run's sizes,
+    and its output, planned at the bound, takes the sizes the Python model or the ``Backend``
+    gives it (``resize_tensor``); the outputs are executorch.runtime's at every size."""
+    rows = torch.export.Dim("rows", max=8)
+    module = Lowered()
+    path = _write(
+        module,
+        (_rand(4, 8), _rand(4, 8)),
+        tmp_path / "dynamic_lowered.pte",
+        export={"dynamic_shapes": ({0: rows}, {0: rows})},
+        partitioner=[XnnpackPartitioner()],
+    )
+    program = PteProgram.load(path, delegates={"XnnpackBackend": _linear_add(module)})
+    assert [d.backend_id for d in program.delegates] == ["XnnpackBackend"]
+    method = program.method()
+    assert all(method.values[i].dynamic for i in method.inputs)  # type: ignore[union-attr]
+    for count in (8, 3, 5, 1):
+        inputs = (_rand(count, 8), _rand(count, 8))
+        (expected,) = _executorch(path, inputs)
+        result = program.run(inputs, keep_delegate_io=True)
+        (actual,) = result.outputs
+        assert actual.shape == (count, 8)
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+        (call,) = result.delegate_calls
+        assert call.inputs is not None and call.outputs is not None
+        assert [tuple(t.shape) for t in (*call.inputs, *call.outputs)] == [(count, 8)] * 3
+    program.register_backend("XnnpackBackend", Resizing(_linear_add(module)))
+    inputs = (_rand(6, 8), _rand(6, 8))
+    (expected,) = _executorch(path, inputs)
+    torch.testing.assert_close(program.run(inputs).outputs[0], expected, rtol=1e-5, atol=1e-5)
+
+    def too_big(processed: bytes, compile_specs: list[Any], args: list[torch.Tensor]) -> Any:
+        return [torch.zeros(9, 8)]
+
+    program.register_delegate("XnnpackBackend", too_big)
+    with pytest.raises(
+        ExecutionError,
+        match=r"output 0: value \d+ came out with shape \[9, 8\], "
+        r"past its planned bound \[8, 8\]",
+    ):
+        program.run(inputs)
+
+
+def test_static_delegate_outputs_are_not_resized(programs: dict[str, Path]) -> None:
+    program = PteProgram.load(
+        programs["lowered"], backends={"XnnpackBackend": Resizing(lambda *_: [torch.zeros(1, 8)])}
+    )
+    message = r"output 0 \(value \d+, float32 \[2, 8\] dim order \(0, 1\)\) is static"
+    with pytest.raises(ExecutionError, match=message):
+        program.run(LOWERED_INPUTS)
+
+
 def test_program_description_and_kept_values(programs: dict[str, Path]) -> None:
     program = PteProgram.load(programs["mixed"])
     method = program.method("forward")

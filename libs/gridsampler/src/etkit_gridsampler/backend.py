@@ -84,7 +84,14 @@ class GridSamplerBackend(BackendDetails):  # type: ignore[misc]  # executorch is
             )
         unit = unit_of(samplers[0])
         roles = argument_roles(edge_program, samplers[0])
-        blob = delegate_format.encode(unit.op, unit.image_shape, unit.grid_shape, roles=roles)
+        blob = delegate_format.encode(
+            unit.op,
+            unit.image_shape,
+            unit.grid_shape,
+            roles=roles,
+            image_min_shape=unit.image_min_shape,
+            grid_min_shape=unit.grid_min_shape,
+        )
         return PreprocessResult(
             processed_bytes=blob, debug_handle_map=debug_handle_map(samplers[0])
         )

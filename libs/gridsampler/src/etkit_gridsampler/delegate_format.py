@@ -1,5 +1,6 @@
 """The grid-sampler delegate blob: what ``GridSamplerBackend.preprocess`` writes into a ``.pte``
-and the C++ backend reads at ``init``.
+and the C++ backend reads at ``init``: format version 2 for fixed shapes, version 3 where a
+dimension is dynamic (bounds instead of sizes).
 
 docs/delegate_format.md is its one definition (layout, validity rules in order, messages);
 ``decode`` implements those rules as csrc/delegate_format.cpp does, message for message, and
@@ -26,9 +27,13 @@ from etkit_gridsampler.op import (
 )
 
 MAGIC: Final = b"ETGS"
-FORMAT_VERSION: Final = 2
-BLOB_SIZE: Final = 124
+FORMAT_VERSION: Final = 3  # the newest version this module reads; fixed shapes are written as 2
+FIXED_VERSION: Final = 2
+BLOB_SIZE: Final = 124  # version 2
 CRC_OFFSET: Final = BLOB_SIZE - 4
+DYNAMIC_BLOB_SIZE: Final = 160  # version 3
+DYNAMIC_CRC_OFFSET: Final = DYNAMIC_BLOB_SIZE - 4
+BLOB_SIZES: Final[dict[int, int]] = {2: BLOB_SIZE, 3: DYNAMIC_BLOB_SIZE}
 
 MAX_DIMENSION: Final = 1 << 24
 MAX_ELEMENTS: Final = (1 << 31) - 1
@@ -40,11 +45,20 @@ GRID_RECORD_OFFSET: Final = 40
 OUTPUT_RECORD_OFFSET: Final = 64
 IMAGE_SHAPE_OFFSET: Final = 88
 GRID_SHAPE_OFFSET: Final = 104
+DYNAMIC_FLAGS_OFFSET: Final = 120
+IMAGE_LOWER_OFFSET: Final = 124
+GRID_LOWER_OFFSET: Final = 140
+
+# The dimension names of rules 31 and 32, in the order of the flag bits (image: bits 0 to 3, grid:
+# bits 4 to 6; the grid's last dimension is never dynamic).
+IMAGE_DIMENSIONS: Final = ("N", "C", "H", "W")
+GRID_DIMENSIONS: Final = ("N", "Ho", "Wo", "last dimension")
 
 _PREFIX: Final = "grid-sampler delegate blob: "
 _HEADER = struct.Struct("<4sHHBBBBBBBB")  # 16 bytes: through the argument roles
 _QPARAMS = struct.Struct("<BBHiiid")
 _SHAPE = struct.Struct("<4i")
+_FLAGS = struct.Struct("<B3x")  # version 3: the dynamic dimensions, 3 reserved bytes
 _DTYPE_CODES: Final[dict[torch.dtype, int]] = {torch.int8: 1, torch.int16: 2}
 _CODE_DTYPES: Final = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 _DTYPE_RANGES: Final[dict[int, tuple[str, int, int]]] = {
@@ -76,12 +90,43 @@ class ArgumentRoles:
 
 @dataclass(frozen=True)
 class DelegateBlob:
-    """The decoded content of a delegate blob."""
+    """The decoded content of a delegate blob. ``image_shape`` and ``grid_shape`` are the shapes
+    (version 3: their upper bounds); ``image_min_shape`` and ``grid_min_shape`` the lower bounds
+    (equal to the shapes where every dimension is fixed; left out, they are)."""
 
     op: GridSampleOp
     image_shape: tuple[int, int, int, int]
     grid_shape: tuple[int, int, int, int]
     roles: ArgumentRoles
+    image_min_shape: tuple[int, ...] = ()
+    grid_min_shape: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.image_min_shape:
+            object.__setattr__(self, "image_min_shape", tuple(self.image_shape))
+        if not self.grid_min_shape:
+            object.__setattr__(self, "grid_min_shape", tuple(self.grid_shape))
+
+    @property
+    def is_dynamic(self) -> bool:
+        """True when some dimension is dynamic (a version-3 blob)."""
+        image_fixed = tuple(self.image_min_shape) == tuple(self.image_shape)
+        grid_fixed = tuple(self.grid_min_shape) == tuple(self.grid_shape)
+        return not (image_fixed and grid_fixed)
+
+    @property
+    def version(self) -> int:
+        """The format version ``encode`` writes for this content: 3 with a dynamic dimension,
+        else 2."""
+        return FORMAT_VERSION if self.is_dynamic else FIXED_VERSION
+
+    def image_bounds(self) -> tuple[tuple[int, int], ...]:
+        """(lower, upper) of each image dimension, N, C, H, W."""
+        return tuple(zip(self.image_min_shape, self.image_shape, strict=True))
+
+    def grid_bounds(self) -> tuple[tuple[int, int], ...]:
+        """(lower, upper) of each grid dimension, N, Ho, Wo, 2."""
+        return tuple(zip(self.grid_min_shape, self.grid_shape, strict=True))
 
 
 def _pack_qparams(qparams: QParams | None) -> bytes:
@@ -108,28 +153,45 @@ def encode(
     grid_shape: tuple[int, ...] | torch.Size,
     *,
     roles: ArgumentRoles,
+    image_min_shape: tuple[int, ...] | None = None,
+    grid_min_shape: tuple[int, ...] | None = None,
 ) -> bytes:
     """The blob for ``op`` on an image of ``image_shape`` and a grid of ``grid_shape``, which
-    the delegate receives as the arguments ``roles`` names. Raises ``DelegateFormatError`` (a
-    ``ValueError``) when the result would break a rule of docs/delegate_format.md."""
-    if len(image_shape) != 4 or len(grid_shape) != 4 or grid_shape[3] != 2:
+    the delegate receives as the arguments ``roles`` names. With ``image_min_shape`` or
+    ``grid_min_shape`` (lower bounds; ``None``: the shape, every dimension fixed), the shapes
+    are upper bounds and each dimension whose bounds differ is dynamic: the blob is then format
+    version 3, else version 2. Raises ``DelegateFormatError`` (a ``ValueError``) when the result
+    would break a rule of docs/delegate_format.md."""
+    image_lower = tuple(image_shape if image_min_shape is None else image_min_shape)
+    grid_lower = tuple(grid_shape if grid_min_shape is None else grid_min_shape)
+    if (
+        len(image_shape) != 4
+        or len(grid_shape) != 4
+        or grid_shape[3] != 2
+        or len(image_lower) != 4
+        or len(grid_lower) != 4
+    ):
         raise DelegateFormatError(
             f"{_PREFIX}expected an N x C x H x W image and an N x Ho x Wo x 2 grid, got "
-            f"{tuple(image_shape)} and {tuple(grid_shape)}"
+            f"{tuple(image_shape)} and {tuple(grid_shape)} (lower bounds {image_lower} and "
+            f"{grid_lower})"
         )
-    for value in (*image_shape, *grid_shape):
+    for value in (*image_shape, *grid_shape, *image_lower, *grid_lower):
         if not -(1 << 31) <= value < (1 << 31):
             raise DelegateFormatError(
-                f"{_PREFIX}shapes {tuple(image_shape)} and {tuple(grid_shape)} do not fit int32"
+                f"{_PREFIX}shapes {tuple(image_shape)} and {tuple(grid_shape)} (lower bounds "
+                f"{image_lower} and {grid_lower}) do not fit int32"
             )
     for value in (roles.inputs, roles.image, roles.grid):
         if not 0 <= value <= 255:
             raise DelegateFormatError(f"{_PREFIX}argument roles {roles} do not fit a byte each")
+    dynamic = image_lower != tuple(image_shape) or grid_lower != tuple(grid_shape)
+    version = FORMAT_VERSION if dynamic else FIXED_VERSION
     body = (
         _HEADER.pack(
             MAGIC,
-            FORMAT_VERSION,
-            BLOB_SIZE,
+            version,
+            BLOB_SIZES[version],
             MODE_CODES[op.mode],
             PADDING_CODES[op.padding_mode],
             int(op.align_corners),
@@ -145,9 +207,25 @@ def encode(
         + _SHAPE.pack(*image_shape)
         + _SHAPE.pack(*grid_shape)
     )
+    if dynamic:
+        # The grid's last dimension has no bit: a lower bound other than 2 is left for rule 32.
+        flags = sum(1 << i for i in range(4) if image_lower[i] != image_shape[i]) | sum(
+            1 << (4 + i) for i in range(3) if grid_lower[i] != grid_shape[i]
+        )
+        body += _FLAGS.pack(flags) + _SHAPE.pack(*image_lower) + _SHAPE.pack(*grid_lower)
     blob = body + struct.pack("<I", zlib.crc32(body))
     decode(blob)  # the writer holds itself to the reader's rules
     return blob
+
+
+def shape_text(lower: tuple[int, ...], upper: tuple[int, ...]) -> str:
+    """``[1, 3, 4..64, 4..64]``: a shape with each dynamic dimension as ``lower..upper``, as the
+    runtime's messages write it."""
+    return (
+        "["
+        + ", ".join(str(u) if lo == u else f"{lo}..{u}" for lo, u in zip(lower, upper, strict=True))
+        + "]"
+    )
 
 
 def _fail(message: str) -> DelegateFormatError:
@@ -222,19 +300,21 @@ def decode(data: bytes) -> DelegateBlob:
             f"format version {version} is newer than this reader's {FORMAT_VERSION}: "
             "update etkit-gridsampler"
         )
-    if version < FORMAT_VERSION:  # rule 4
+    if version < FIXED_VERSION:  # rule 4
         raise _fail(
             f"format version {version} is no longer read (it did not record which argument is "
             "the image): export the program again with this etkit-gridsampler"
         )
-    if size != BLOB_SIZE:  # rule 5
-        raise _fail(f"size field {size}, expected {BLOB_SIZE} for format version 2")
-    if length < BLOB_SIZE:  # rule 6
-        raise _fail(f"truncated: {length} bytes, expected {BLOB_SIZE}")
-    if length > BLOB_SIZE:
-        raise _fail(f"{length} bytes, expected {BLOB_SIZE} (extra bytes after the blob)")
-    (crc,) = struct.unpack_from("<I", data, CRC_OFFSET)
-    if zlib.crc32(data[:CRC_OFFSET]) != crc:  # rule 7
+    expected_size = BLOB_SIZES[version]
+    if size != expected_size:  # rule 5
+        raise _fail(f"size field {size}, expected {expected_size} for format version {version}")
+    if length < expected_size:  # rule 6
+        raise _fail(f"truncated: {length} bytes, expected {expected_size}")
+    if length > expected_size:
+        raise _fail(f"{length} bytes, expected {expected_size} (extra bytes after the blob)")
+    crc_offset = expected_size - 4
+    (crc,) = struct.unpack_from("<I", data, crc_offset)
+    if zlib.crc32(data[:crc_offset]) != crc:  # rule 7
         raise _fail("checksum mismatch: the blob is corrupt")
     (_, _, _, mode, padding, align, reserved11, inputs, image_index, grid_index, reserved15) = (
         _HEADER.unpack_from(data)
@@ -297,6 +377,9 @@ def decode(data: bytes) -> DelegateBlob:
             "image and grid are one tensor (input count 1) but the blob gives them different "
             "dtypes or shapes"
         )
+    image_lower, grid_lower = image_shape, grid_shape
+    if version == FORMAT_VERSION:
+        image_lower, grid_lower = _check_bounds(data, image_shape, grid_shape, inputs)
     op = GridSampleOp(
         mode=MODE_NAMES[mode],
         padding_mode=PADDING_NAMES[padding],
@@ -305,4 +388,61 @@ def decode(data: bytes) -> DelegateBlob:
         grid=grid_q,
         output=output_q,
     )
-    return DelegateBlob(op, image_shape, grid_shape, ArgumentRoles(inputs, image_index, grid_index))
+    return DelegateBlob(
+        op,
+        image_shape,
+        grid_shape,
+        ArgumentRoles(inputs, image_index, grid_index),
+        image_lower,
+        grid_lower,
+    )
+
+
+def _check_lower_bound(role: str, name: str, dynamic: bool, lower: int, upper: int) -> None:
+    """Rules 31 and 32 for one dimension."""
+    if not dynamic and lower != upper:
+        raise _fail(f"{role} {name} is fixed at {upper} but its lower bound is {lower}")
+    if dynamic and not 1 <= lower < upper:
+        raise _fail(
+            f"{role} {name} is dynamic with bounds [{lower}, {upper}]: the lower bound must be at "
+            "least 1 and below the upper bound"
+        )
+
+
+def _check_bounds(
+    data: bytes,
+    image_shape: tuple[int, int, int, int],
+    grid_shape: tuple[int, int, int, int],
+    inputs: int,
+) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """Rules 28 to 34 (version 3): the dynamic dimensions and the lower bounds, returned."""
+    flags = data[DYNAMIC_FLAGS_OFFSET]
+    if flags & 0x80:  # rule 28
+        raise _fail(
+            f"dynamic dimension flags 0x{flags:02x}: bit 7 must be 0 (the grid's last dimension "
+            "is always 2)"
+        )
+    if any(data[DYNAMIC_FLAGS_OFFSET + 1 : IMAGE_LOWER_OFFSET]):  # rule 29
+        raise _fail("reserved bytes 121 to 123 are not zero")
+    if flags == 0:  # rule 30
+        raise _fail(
+            "format version 3 with no dynamic dimension: fixed shapes are written as format "
+            "version 2"
+        )
+    image_lower: tuple[int, int, int, int] = _SHAPE.unpack_from(data, IMAGE_LOWER_OFFSET)
+    grid_lower: tuple[int, int, int, int] = _SHAPE.unpack_from(data, GRID_LOWER_OFFSET)
+    for i, name in enumerate(IMAGE_DIMENSIONS):  # rule 31
+        _check_lower_bound("image", name, bool(flags >> i & 1), image_lower[i], image_shape[i])
+    for i, name in enumerate(GRID_DIMENSIONS):  # rule 32
+        dynamic = i < 3 and bool(flags >> (4 + i) & 1)
+        _check_lower_bound("grid", name, dynamic, grid_lower[i], grid_shape[i])
+    if grid_lower[0] != image_lower[0]:  # rule 33
+        raise _fail(
+            f"grid N bounds [{grid_lower[0]}, {grid_shape[0]}] differ from the image's N bounds "
+            f"[{image_lower[0]}, {image_shape[0]}]"
+        )
+    if inputs == 1 and image_lower != grid_lower:  # rule 34
+        raise _fail(
+            "image and grid are one tensor (input count 1) but the blob gives them different bounds"
+        )
+    return image_lower, grid_lower

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import executorch.kernels.quantized  # noqa: F401  (out variants of the Q/DQ left around delegates)
 import torch
@@ -36,12 +37,30 @@ class Rejection:
 @dataclass(frozen=True)
 class GridSamplerUnit:
     """One grid sampler as the backend sees it: the op, the shapes, and the nodes of its unit
-    (dequantize -> grid_sampler_2d -> quantize, or the grid sampler alone when float)."""
+    (dequantize -> grid_sampler_2d -> quantize, or the grid sampler alone when float). Where
+    the program has dynamic dimensions (``torch.export`` ``Dim``s), ``image_shape`` and
+    ``grid_shape`` are the upper bounds and ``image_min_shape`` and ``grid_min_shape`` the lower
+    bounds (equal to the shapes where every dimension is fixed)."""
 
     op: GridSampleOp
     image_shape: tuple[int, int, int, int]
     grid_shape: tuple[int, int, int, int]
     nodes: tuple[Node, ...]
+    image_min_shape: tuple[int, ...] = ()
+    grid_min_shape: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.image_min_shape:
+            object.__setattr__(self, "image_min_shape", tuple(self.image_shape))
+        if not self.grid_min_shape:
+            object.__setattr__(self, "grid_min_shape", tuple(self.grid_shape))
+
+    @property
+    def is_dynamic(self) -> bool:
+        """True when a dimension of the image or the grid is dynamic."""
+        image_fixed = tuple(self.image_min_shape) == tuple(self.image_shape)
+        grid_fixed = tuple(self.grid_min_shape) == tuple(self.grid_shape)
+        return not (image_fixed and grid_fixed)
 
 
 class UnsupportedGridSamplerError(ValueError):
@@ -67,6 +86,56 @@ def _qparams_of(node: Node) -> QParams:
 
 def _sole_user_is(node: Node, user: Node) -> bool:
     return len(node.users) == 1 and next(iter(node.users)) is user
+
+
+def _finite(bound: Any) -> int | None:
+    """A value range's bound as an int; None when it is infinite (sympy's ``oo`` or torch's
+    ``int_oo``, which calls itself finite)."""
+    from torch.utils._sympy.numbers import int_oo
+
+    if bound in (int_oo, -int_oo) or not bound.is_finite:
+        return None
+    return int(bound)
+
+
+def dimension_bounds(dimension: object, what: str) -> tuple[int, int]:
+    """(lower, upper) of one dimension of a fake tensor: its size twice when it is fixed; for a
+    symbolic size (``torch.export`` dynamic shapes), the bounds of its expression over the
+    value ranges of the shape environment. The upper bound is the range's. The lower bound is
+    taken with every symbol whose range starts at 2 or below starting at 1: tracing assumes a
+    symbolic size is not 0 or 1 (a ``Dim`` with ``min=0`` or ``1`` reads as 2 in the program),
+    but the program runs at those sizes, and the kernel samples any size from 1. Raises
+    ``UnsupportedGridSamplerError`` for a size without a finite upper bound, naming ``what``."""
+    if isinstance(dimension, int):
+        return dimension, dimension
+    if not isinstance(dimension, torch.SymInt):
+        raise UnsupportedGridSamplerError(f"{what} has size {dimension!r}, not an int")
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+    node = dimension.node
+    expr = node.expr
+    if expr.is_number:
+        return int(expr), int(expr)
+    ranges = dict(node.shape_env.var_to_range)
+    upper = _finite(bound_sympy(expr, ranges).upper)
+    if upper is None:
+        raise UnsupportedGridSamplerError(
+            f"{what} is dynamic ({expr}) with no upper bound: give its torch.export Dim a max "
+            "(the program's memory plan and the delegate need one)"
+        )
+    relaxed = {
+        symbol: ValueRanges(1, bound.upper) if bound.lower <= 2 else bound
+        for symbol, bound in ranges.items()
+    }
+    lower = _finite(bound_sympy(expr, relaxed).lower)
+    return max(1, min(1 if lower is None else lower, upper)), upper
+
+
+def shape_bounds(value: torch.Tensor, what: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The lower and upper bounds of each dimension of the fake tensor ``value``
+    (``dimension_bounds``)."""
+    bounds = [dimension_bounds(d, f"{what} dimension {i}") for i, d in enumerate(value.shape)]
+    return tuple(b[0] for b in bounds), tuple(b[1] for b in bounds)
 
 
 def unit_of(node: Node) -> GridSamplerUnit:
@@ -109,8 +178,12 @@ def unit_of(node: Node) -> GridSamplerUnit:
             f"only 2-D sampling (4-D image, N x Ho x Wo x 2 grid); got "
             f"{tuple(image_value.shape)} and {tuple(grid_value.shape)}"
         )
-    if any(not isinstance(d, int) for d in (*image_value.shape, *grid_value.shape)):
-        raise UnsupportedGridSamplerError("dynamic shapes are not supported")
+    image_lower, image_shape = shape_bounds(image_value, "the image's")
+    grid_lower, grid_shape = shape_bounds(grid_value, "the grid's")
+    if grid_shape[3] != 2 or grid_lower[3] != 2:
+        raise UnsupportedGridSamplerError(
+            f"only 2-D sampling (N x Ho x Wo x 2 grid); got {tuple(grid_value.shape)}"
+        )
     op = GridSampleOp(
         mode=MODE_NAMES[mode],
         padding_mode=PADDING_NAMES[padding],
@@ -119,7 +192,9 @@ def unit_of(node: Node) -> GridSamplerUnit:
         grid=grid_q,
         output=output_q,
     )
-    reason = unsupported_reason(op, image_value.shape[2], image_value.shape[3])
+    # At the upper bounds: every limit of the contract grows with the image's size, so what
+    # holds there holds for every size within the bounds.
+    reason = unsupported_reason(op, image_shape[2], image_shape[3])
     if reason is not None:
         raise UnsupportedGridSamplerError(reason)
     # Refuse now what preprocess could not write. Which argument comes first is known only once
@@ -128,14 +203,23 @@ def unit_of(node: Node) -> GridSamplerUnit:
     one_tensor = (image.args[0] if image_is_dq else image) is (grid.args[0] if grid_is_dq else grid)
     roles = ArgumentRoles(1, 0, 0) if one_tensor else ArgumentRoles(2, 0, 1)
     try:
-        encode(op, tuple(image_value.shape), tuple(grid_value.shape), roles=roles)
+        encode(
+            op,
+            image_shape,
+            grid_shape,
+            roles=roles,
+            image_min_shape=image_lower,
+            grid_min_shape=grid_lower,
+        )
     except DelegateFormatError as error:
         raise UnsupportedGridSamplerError(str(error)) from error
     return GridSamplerUnit(
         op,
-        tuple(image_value.shape),  # type: ignore[arg-type]
-        tuple(grid_value.shape),  # type: ignore[arg-type]
+        image_shape,  # type: ignore[arg-type]
+        grid_shape,  # type: ignore[arg-type]
         tuple(nodes),
+        image_lower,
+        grid_lower,
     )
 
 

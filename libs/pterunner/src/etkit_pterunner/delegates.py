@@ -5,7 +5,9 @@ of a delegate call's arguments are its inputs (read from the delegate's processe
 its format says) and computes a call's outputs from its inputs. A plain Python function
 ``fn(processed: bytes, compile_specs: list[CompileSpec], inputs: list[torch.Tensor]) ->
 list[torch.Tensor]`` can be registered for any backend id, replacing what was registered
-before; its outputs must have the shapes and dtypes of the program's output tensors.
+before; its outputs must have the shapes and dtypes of the program's output tensors (a dynamic
+output, one the program plans at its upper bound, may come out smaller: it takes the sizes the
+function gives it, as ``resize_tensor`` does in ExecuTorch's runtime).
 
 How many of a call's arguments are inputs, in this order: the ``num_outputs`` given when a
 function was registered; what the backend reads from the processed bytes (a function that
@@ -29,10 +31,15 @@ from etkit_pterunner.model import DelegateInfo, TensorInfo, dtype_name
 DelegateFn = Callable[[bytes, list[Any], list[torch.Tensor]], Sequence[torch.Tensor] | torch.Tensor]
 
 
+Resizer = Callable[[int, Sequence[int]], torch.Tensor]
+
+
 @dataclass
 class DelegateCall:
-    """One call of a delegate: its inputs and the output tensors to fill (in the program's
-    planned memory, laid out as ``output_infos`` say), and where it is."""
+    """One call of a delegate: its inputs (with the sizes they have in this run: a dynamic
+    tensor's may be below its planned bound) and the output tensors to fill (in the program's
+    planned memory, laid out as ``output_infos`` say), and where it is. A dynamic output is
+    given its sizes with ``resize_output``."""
 
     delegate: DelegateInfo
     where: str
@@ -41,6 +48,7 @@ class DelegateCall:
     input_infos: list[TensorInfo]
     output_infos: list[TensorInfo]
     warnings: list[str] = field(default_factory=list)
+    resizer: Resizer | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -48,6 +56,29 @@ class DelegateCall:
 
     def fail(self, message: str) -> ExecutionError:
         return ExecutionError(f"{self.name}: {message}")
+
+    def resize_output(self, position: int, shape: Sequence[int]) -> torch.Tensor:
+        """Output ``position`` with ``shape``: ExecuTorch's ``resize_tensor`` for a delegate.
+        A dynamic output (``output_infos[position].dynamic``) takes any shape of its rank within
+        its planned bound, in its planned memory and dim order; ``call.outputs[position]``
+        becomes the resized tensor, which is returned. A static output takes only its own
+        shape. Raises ``ExecutionError`` otherwise."""
+        sizes = tuple(int(s) for s in shape)
+        current = self.outputs[position]
+        if sizes == tuple(current.shape):
+            return current
+        info = self.output_infos[position]
+        if not info.dynamic or self.resizer is None:
+            raise self.fail(
+                f"output {position} (value {info.index}, {info.describe()}) is static; it cannot "
+                f"take shape {list(sizes)}"
+            )
+        try:
+            resized = self.resizer(info.index, sizes)
+        except RuntimeError as error:
+            raise self.fail(f"output {position}: {error}") from None
+        self.outputs[position] = resized
+        return resized
 
 
 @runtime_checkable
@@ -101,6 +132,8 @@ class PythonDelegate:
                     f"the Python function {self.label} returned a {type(value).__name__} as "
                     f"output {k}; return torch.Tensor outputs"
                 )
+            if value.shape != target.shape and info.dynamic and value.dim() == target.dim():
+                target = call.resize_output(k, value.shape)
             if value.shape != target.shape or value.dtype != target.dtype:
                 raise call.fail(
                     f"the Python function {self.label} returned {describe_tensor(value)} as "

@@ -705,6 +705,7 @@ def _call_delegate(
         outputs=[frame.tensor(i) for i in args[split:]],
         input_infos=tensor_infos[:split],
         output_infos=tensor_infos[split:],
+        resizer=frame.resized,
     )
     if recorder is not None:
         recorder.read(args[:split])

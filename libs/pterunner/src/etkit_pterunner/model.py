@@ -118,9 +118,11 @@ class TensorInfo:
         return self.dim_order == (0, 2, 3, 1)
 
     def describe(self) -> str:
-        """``int8 [1, 4, 32, 48] dim order (0, 2, 3, 1)``."""
+        """``int8 [1, 4, 32, 48] dim order (0, 2, 3, 1)``; a dynamic tensor's sizes are its
+        bound: ``int8 [1, 4, 32, 48] (dynamic, at most) dim order (0, 2, 3, 1)``."""
         dtype = dtype_name(self.dtype) if self.dtype is not None else self.scalar_type
-        return f"{dtype} {list(self.sizes)} dim order {self.dim_order}"
+        bound = " (dynamic, at most)" if self.dynamic else ""
+        return f"{dtype} {list(self.sizes)}{bound} dim order {self.dim_order}"
 
 
 ScalarKind = Literal["none", "int", "double", "bool", "string"]

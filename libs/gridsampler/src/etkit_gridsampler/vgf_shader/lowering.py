@@ -66,6 +66,12 @@ def vgf_reason(node: Node) -> str | None:
         unit = unit_of(node)
     except UnsupportedGridSamplerError as error:
         return str(error)
+    if unit.is_dynamic:
+        return (
+            "its sizes are dynamic (torch.export Dims): a VGF is compiled for one size "
+            "(model-converter 0.11 has no dynamic dimensions); etkit's delegate takes the "
+            "runtime size"
+        )
     op = unit.op
     if op.is_float or op.image is None or op.grid is None:
         return "a float grid sampler has no integer contract; etkit's delegate runs it"
