@@ -75,8 +75,8 @@ def worker(pairs: list[tuple[int, str]], out: Path, shrink_budget: int) -> None:
         }
         if "program" in outcome.details:  # delegates, sampler paths, ops outside
             record["program"] = outcome.details["program"]
-        if outcome.details.get("accepted"):  # outputs passed as accumulated rounding
-            record["accepted"] = outcome.details["accepted"]
+        if "margin" in outcome.details:  # how close a pass came to the envelope's bounds
+            record["margin"] = outcome.details["margin"]
         if outcome.kind == "failed_verification":
             record["failures"] = json.loads(
                 json.dumps(outcome.details.get("failures"), default=str)
@@ -202,12 +202,16 @@ def tally(records: list[dict[str, Any]], targets: tuple[str, ...]) -> str:
         counts = Counter(r["kind"] for r in mine)
         lines.append(f"{target:<9}{len(mine):>7}" + "".join(f"{counts[k]:>21}" for k in kinds))
     for target in targets:
-        rounded = [r for r in records if r["target"] == target and r.get("accepted")]
-        if rounded:
-            seeds = ", ".join(str(r["seed"]) for r in rounded)
+        margins = [
+            (r["margin"], r["seed"]) for r in records if r["target"] == target and r.get("margin")
+        ]
+        if margins:
+            power = max(margins, key=lambda m: m[0]["power_share"])
+            bias = max(margins, key=lambda m: m[0]["bias_share"])
             lines.append(
-                f"{target}: {len(rounded)} verified as accumulated rounding (as close to the "
-                f"float model as PT2E): seeds {seeds}"
+                f"{target}: closest passes: error power {100 * power[0]['power_share']:.0f} % of "
+                f"its bound (seed {power[1]}), mean {100 * bias[0]['bias_share']:.0f} % of its "
+                f"bound (seed {bias[1]})"
             )
     refusals = Counter(r["message"] for r in records if r["kind"] == "refused")
     if refusals:

@@ -731,13 +731,30 @@ def classify_model(
             seconds,
             {"comparisons": verification["comparisons"]},
         )
-    accepted = [
-        o["output"]
-        for o in (verification.get("verdict") or {}).get("outputs", [])
-        if o.get("accepted")
-    ]
-    details = {"stages": dict(stages), "program": program_shape(result), "accepted": accepted}
+    details = {
+        "stages": dict(stages),
+        "program": program_shape(result),
+        "margin": envelope_margin(verification.get("verdict") or {}),
+    }
     return Outcome("verified", "", "", seconds, details)
+
+
+def envelope_margin(verdict: dict[str, Any]) -> dict[str, float]:
+    """How close a passing verdict came to failing: the largest share of its bound that an
+    output's error power and mean used, and the largest systematic sampling shift (pixels)."""
+    outputs = verdict.get("outputs", [])
+    power = [
+        o["power_steps2"] / o["power_bound_steps2"] for o in outputs if o.get("power_bound_steps2")
+    ]
+    bias = [
+        abs(o["mean_steps"]) / o["bias_bound_steps"] for o in outputs if o.get("bias_bound_steps")
+    ]
+    shifts = [max(abs(b) for b in c["bias_px"]) for c in verdict.get("coordinates", [])]
+    return {
+        "power_share": max(power, default=0.0),
+        "bias_share": max(bias, default=0.0),
+        "coordinate_bias_px": max(shifts, default=0.0),
+    }
 
 
 def program_shape(result: Any) -> dict[str, Any]:

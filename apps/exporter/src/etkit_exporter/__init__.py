@@ -1,7 +1,8 @@
 """etkit-exporter: the export pipeline, its CLI, reports, demo models, run and verify.
 
-``export_model``, ``ExportResult`` and ``ExportError`` are imported on first use, so that the
-command-line tools can quiet torch's and torchao's import-time messages first."""
+``export_model``, ``ExportResult``, ``ExportError`` and ``qat_prepare`` (a model prepared for
+quantization-aware training as ``export_model`` would quantize it) are imported on first use, so
+that the command-line tools can quiet torch's and torchao's import-time messages first."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ if TYPE_CHECKING:
     from etkit_exporter.check.verdict import VerificationError, VerifyTolerance
     from etkit_exporter.core.errors import ExportError
     from etkit_exporter.export.pipeline import ExportResult, export_model
+    from etkit_exporter.export.qat import qat_prepare
 
 from etkit_exporter.core.version import __version__
 
@@ -21,6 +23,7 @@ __all__ = [
     "VerifyTolerance",
     "__version__",
     "export_model",
+    "qat_prepare",
 ]
 
 
@@ -33,6 +36,10 @@ def __getattr__(name: str) -> Any:
         from etkit_exporter.export import pipeline
 
         return getattr(pipeline, name)
+    if name == "qat_prepare":
+        from etkit_exporter.export import qat
+
+        return qat.qat_prepare
     if name in ("VerificationError", "VerifyTolerance"):
         from etkit_exporter.check import verdict
 

@@ -28,20 +28,32 @@ or zero points. The forward is bit-exact on every device; on CUDA the image grad
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.fx import GraphModule, Node
+from torchao.quantization.pt2e.fake_quantize import FixedQParamsFakeQuantize
 
 from etkit_gridsampler import torch_kernel
 from etkit_gridsampler.op import MODE_CODES, PADDING_CODES, GridSampleOp, QParams
 from etkit_gridsampler.plan import UnsupportedOpError
+from etkit_quant import (
+    QatGridSampler,
+    fake_quant_params,
+    prepared_grid_samplers,
+    replace_grid_samplers,
+)
 
 __all__ = [
     "ExactGridSample",
+    "PreparedGridSample",
     "dequantize",
     "exact_op",
+    "exact_sampler",
     "fake_quant_grid_sample",
     "quantize",
+    "use_exact_samplers",
 ]
 
 
@@ -247,3 +259,178 @@ class ExactGridSample(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return torch_kernel.describe(self.op)[len("GridSampleOp(") : -1]
+
+
+# -- in a module etkit_quant.prepare_qat returned ------------------------------------------------
+
+
+class PreparedGridSample(ExactGridSample):
+    """The exact sampler of one grid sampler of a module ``etkit_quant.prepare_qat`` returned
+    (``exact_sampler(site)``): its image, grid and output quantizations are those the fake
+    quantizes around the sampler apply (``etkit_quant.fake_quant_params``; no output fake
+    quantize: float32 output, as the program's sampler then writes). A fixed-parameter fake
+    quantize (the SNORM presets, fixed boundaries) is read once; an observed one (a calibrated
+    image or output qspec) again at every forward, since training moves its range. The fake
+    quantizes are read, never owned: they stay where ``prepare_qat`` put them (no parameter,
+    buffer or ``state_dict`` entry of this module's own)."""
+
+    def __init__(self, site: QatGridSampler) -> None:
+        op = _site_op(site)
+        assert op.image is not None and op.grid is not None
+        super().__init__(
+            image=op.image,
+            grid=op.grid,
+            output=op.output,
+            mode=op.mode,
+            padding_mode=op.padding_mode,
+            align_corners=op.align_corners,
+        )
+        self.site_name = site.name
+        self._site = _Site.of(site)  # a plain attribute: not a submodule, not in state_dict
+        self._observed = any(
+            fq is not None and not isinstance(fq, FixedQParamsFakeQuantize)
+            for fq in (site.image, site.grid, site.output)
+        )
+
+    def forward(self, image: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        if self._observed:
+            op = _site_op(self._site)
+            if op != self.op:
+                self.op = op
+        try:
+            return fake_quant_grid_sample(image, grid, self.op)
+        except UnsupportedOpError as error:
+            raise UnsupportedOpError(f"grid sampler {self.site_name}: {error}") from None
+
+    def extra_repr(self) -> str:
+        return f"{self.site_name}: {super().extra_repr()}"
+
+
+@dataclass(frozen=True, eq=False)
+class _Site:
+    """What a ``PreparedGridSample`` keeps of its ``QatGridSampler``: the sampler's settings and
+    the fake quantizes it reads, not the graph's node (``copy.deepcopy`` of the prepared module
+    maps these fake quantizes to their copies, as for any attribute)."""
+
+    name: str
+    image: Any
+    grid: Any
+    output: Any
+    mode: str
+    padding_mode: str
+    align_corners: bool
+
+    @classmethod
+    def of(cls, site: QatGridSampler | _Site) -> _Site:
+        return cls(
+            site.name, site.image, site.grid, site.output, site.mode, site.padding_mode,
+            site.align_corners,
+        )  # fmt: skip
+
+
+def exact_sampler(site: QatGridSampler) -> PreparedGridSample:
+    """The exact sampler for ``site`` (a grid sampler of a prepared module,
+    ``etkit_quant.prepared_grid_samplers``): ``prepare_qat``'s ``sampler_replacement`` and
+    ``replace_grid_samplers``' ``replacement``. Raises ``UnsupportedOpError`` (a
+    ``ValueError``), one line naming the sampler and why, for a sampler the exact integer
+    sampler cannot mirror: bicubic, a float (unquantized) image or grid, an image that is not
+    int8, a grid that is not int16 or int8, an output that is not int8 or float, a per-channel
+    quantization, image scale / output scale past 32, or a grid scale past what the image's
+    size allows."""
+    if not isinstance(site, QatGridSampler):
+        raise TypeError(f"site must be an etkit_quant.QatGridSampler, got {type(site).__name__}")
+    module = PreparedGridSample(site)
+    size = _image_size(site)
+    if size is not None:
+        try:
+            torch_kernel.integer_plan(module.op, *size)
+        except UnsupportedOpError as error:
+            raise UnsupportedOpError(
+                f"grid sampler {site.name}: the exact integer sampler cannot mirror "
+                f"{_described(site)} on its {size[0]} x {size[1]} image: {error}"
+            ) from None
+    return module
+
+
+def use_exact_samplers(prepared: GraphModule) -> list[str]:
+    """Makes every grid sampler of ``prepared`` (a module ``etkit_quant.prepare_qat`` returned,
+    trained or not) etkit's exact integer sampler (``exact_sampler``, through
+    ``etkit_quant.replace_grid_samplers``): from then on its forward at each sampler is the
+    program's quantize, integer kernel and dequantize, bit for bit, and its backward float
+    ``grid_sample``'s straight-through gradient. Returns the names of the samplers replaced
+    (one already replaced is left as it is). Every sampler is checked before any is replaced:
+    one the exact sampler cannot mirror raises ``UnsupportedOpError`` naming it and why, and
+    ``prepared`` is left as it was. ``etkit_quant.convert_qat`` puts the ``aten`` samplers
+    back."""
+    sites = [s for s in prepared_grid_samplers(prepared) if s.replacement is None]
+    modules = {site.name: exact_sampler(site) for site in sites}
+    return replace_grid_samplers(prepared, lambda site: modules.get(site.name))
+
+
+def _described(site: QatGridSampler | _Site) -> str:
+    return (
+        f"mode={site.mode!r}, padding_mode={site.padding_mode!r}, "
+        f"align_corners={site.align_corners}"
+    )
+
+
+def _site_qparams(site: _Site, role: str) -> QParams | None:
+    fake_quant = getattr(site, role)
+    if fake_quant is None:
+        if role == "output":
+            return None  # float32 output: the program's sampler writes float
+        raise UnsupportedOpError(
+            f"grid sampler {site.name}: its {role} is not quantized (float); the exact integer "
+            f"sampler needs a quantized {role} (int8 image, int16 or int8 grid): give the "
+            f"sampler an {role} qspec (the exporter's default does)"
+        )
+    try:
+        params = fake_quant_params(fake_quant)
+        return QParams(
+            params.scale, params.zero_point, params.quant_min, params.quant_max, params.dtype
+        )
+    except (TypeError, ValueError) as error:
+        raise UnsupportedOpError(
+            f"grid sampler {site.name}: the exact integer sampler cannot mirror its {role} "
+            f"quantization: {str(error).splitlines()[0]}"
+        ) from None
+
+
+def _site_op(site: QatGridSampler | _Site) -> GridSampleOp:
+    """``site``'s ``GridSampleOp`` with the parameters its fake quantizes apply now."""
+    if site.mode not in MODE_CODES:
+        raise UnsupportedOpError(
+            f"grid sampler {site.name}: the exact integer sampler cannot mirror mode="
+            f"{site.mode!r} (it mirrors 'bilinear' and 'nearest'; the integer kernel has no "
+            f"{site.mode}): train it with PyTorch's sampler, or use another mode"
+        )
+    site = _Site.of(site)
+    image, grid, output = (_site_qparams(site, role) for role in ("image", "grid", "output"))
+    try:
+        return exact_op(
+            mode=site.mode,
+            padding_mode=site.padding_mode,
+            align_corners=site.align_corners,
+            image=image,
+            grid=grid,
+            output=output,
+        )
+    except ValueError as error:
+        raise UnsupportedOpError(f"grid sampler {site.name}: {error}") from None
+
+
+def _image_size(site: QatGridSampler) -> tuple[int, int] | None:
+    """The height and width of the image ``site`` samples, from the graph's recorded values
+    (the image fake quantize's input), or ``None`` where the graph does not record it."""
+    node: object = site.node.args[0] if site.node.args else None
+    for _ in range(2):
+        if not isinstance(node, Node):
+            return None
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.dim() == 4:
+            height, width = value.shape[2], value.shape[3]
+            if isinstance(height, int) and isinstance(width, int):
+                return height, width
+            return None  # symbolic sizes: checked at each forward
+        node = node.args[0] if node.op == "call_module" and node.args else None
+    return None

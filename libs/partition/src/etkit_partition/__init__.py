@@ -2,6 +2,7 @@
 partitioners."""
 
 from etkit_partition.dtypes import DetagQuantizeDtypes
+from etkit_partition.dynamic import DetagDynamicReshapes
 from etkit_partition.float_results import DetagQuantizeOfFloatResults
 from etkit_partition.pads import DetagQuantizedPads
 from etkit_partition.partitioner import PolicyPartitioner
@@ -21,6 +22,7 @@ from etkit_partition.reductions import DetagMaximaOverChannels
 __version__ = "0.1.0"
 
 __all__ = [
+    "DetagDynamicReshapes",
     "DetagInputQuantize",
     "DetagMaximaOverChannels",
     "DetagOps",

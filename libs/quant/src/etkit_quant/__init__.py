@@ -6,8 +6,10 @@
 - ``BoundaryQuantizer``: per-input, per-output and per-grid-sampler quantization on top of any
   PT2E quantizer;
 - ``quantize``: export, prepare, calibrate (over many samples), convert;
-- ``etkit_quant.calibration``: calibration samples checked, value ranges observed in the float
-  graph, boundary qspecs chosen from them (``default_qspecs``), saturation reported;
+- ``observer_states`` / ``load_observer_states``: one calibration serving other input sizes;
+- ``etkit_quant.calibration``: calibration samples checked (``samples``), value ranges observed
+  in the float graph (``ranges``), boundary qspecs chosen from them (``defaults``), saturation
+  reported (``saturation``), int8's cost to sampling positions (``positions``);
 - ``etkit_quant.graph``: the FX graph queries the other etkit libraries share.
 """
 
@@ -45,6 +47,12 @@ from etkit_quant.graph import (
     operator_name,
     target_name,
 )
+from etkit_quant.observers import (
+    ObserverState,
+    ObserverStates,
+    load_observer_states,
+    observer_states,
+)
 from etkit_quant.qspecs import (
     FixedQParams,
     FixedQParamsObserverFactory,
@@ -75,6 +83,8 @@ __all__ = [
     "FixedQParams",
     "FixedQParamsObserverFactory",
     "ObservedRange",
+    "ObserverState",
+    "ObserverStates",
     "RangeObservation",
     "Saturation",
     "__version__",
@@ -99,9 +109,11 @@ __all__ = [
     "is_fixed",
     "is_grid_sampler",
     "is_quantize",
+    "load_observer_states",
     "observe_ranges",
     "observed_int8",
     "observed_int16",
+    "observer_states",
     "operator_name",
     "own_constants",
     "qformat",
@@ -115,4 +127,27 @@ __all__ = [
     "user_inputs",
     "user_outputs",
     "value_qspec",
+]
+
+# Quantization-aware training (qat.py): prepare, train, convert; grid-sampler replacement hook.
+from etkit_quant.qat import (
+    QatGraphModule,
+    QatGridSampler,
+    SamplerReplacement,
+    convert_qat,
+    fake_quant_params,
+    prepare_qat,
+    prepared_grid_samplers,
+    replace_grid_samplers,
+)
+
+__all__ += [
+    "QatGraphModule",
+    "QatGridSampler",
+    "SamplerReplacement",
+    "convert_qat",
+    "fake_quant_params",
+    "prepare_qat",
+    "prepared_grid_samplers",
+    "replace_grid_samplers",
 ]

@@ -159,11 +159,17 @@ class NormalizationReport:
 
 
 def normalize_program(
-    program: ExportedProgram, example_inputs: tuple[torch.Tensor, ...]
+    program: ExportedProgram,
+    example_inputs: tuple[torch.Tensor, ...],
+    *,
+    dynamic_shapes: Any = None,
+    max_folded_elements: int = MAX_FOLDED_ELEMENTS,
 ) -> tuple[ExportedProgram, NormalizationReport]:
     """``program`` normalized (the module's steps, in order) and exported again on
-    ``example_inputs``, with what changed. A program with nothing to normalize is returned as it
-    is. Raises ``TypeError`` for a ``program`` that is not an ``ExportedProgram`` or inputs that
+    ``example_inputs`` (with ``dynamic_shapes``, ``torch.export``'s, for a program exported with
+    dynamic dimensions), with what changed; ``fold_constants`` folds results of at most
+    ``max_folded_elements`` values. A program with nothing to normalize is returned as it is.
+    Raises ``TypeError`` for a ``program`` that is not an ``ExportedProgram`` or inputs that
     are not a tuple of tensors."""
     if not isinstance(program, ExportedProgram):
         raise TypeError(
@@ -184,7 +190,7 @@ def normalize_program(
     report.record("drop_metadata_asserts", drop_metadata_asserts(module))
     report.record("drop_noop_views", drop_noop_views(module))
     report.record("slices_of_cat", slices_of_cat(module))
-    report.record("fold_constants", fold_constants(module))
+    report.record("fold_constants", fold_constants(module, max_folded_elements))
     report.record("merge_duplicates", merge_duplicates(module))
     report.record("tensor_scalars", tensor_scalars(module))
     report.record("ranked_scalar_constants", ranked_scalar_constants(module))
@@ -192,7 +198,9 @@ def normalize_program(
         return program, report
     module.graph.eliminate_dead_code()
     module.recompile()
-    normalized = torch.export.export(module, example_inputs, strict=False)
+    normalized = torch.export.export(
+        module, example_inputs, dynamic_shapes=dynamic_shapes, strict=False
+    )
     logger.info("normalized the graph: %s", report.summary())
     return normalized, report
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -12,6 +12,7 @@ from torchao.quantization.pt2e.quantizer import Quantizer
 
 from etkit_quant.boundary import BoundaryQuantizer, own_constants, user_inputs
 from etkit_quant.calibration import OnSample, check_calibration
+from etkit_quant.observers import ObserverStates, load_observer_states
 from etkit_quant.requantize import requantize_shared_inputs
 
 
@@ -32,6 +33,9 @@ def quantize(
     calibration: Iterable[tuple[torch.Tensor, ...]] | None = None,
     is_qat: bool = False,
     on_sample: OnSample | None = None,
+    dynamic_shapes: Any = None,
+    observers: ObserverStates | None = None,
+    on_calibrated: Callable[[GraphModule], None] | None = None,
 ) -> GraphModule:
     """Exports ``model`` (strict), prepares it with ``quantizer``, runs it on each tuple of
     ``calibration`` (the example inputs when ``None``) and converts it. Returns the converted
@@ -44,7 +48,15 @@ def quantize(
     and the input). Raises ``TypeError`` for a model that is not a ``torch.nn.Module``, example
     inputs that are not a tuple of tensors, or a quantizer that is not a PT2E ``Quantizer``;
     ``ValueError`` for a bad calibration sample, or when a ``BoundaryQuantizer``'s qspec counts
-    do not fit the model (checked right after export, before anything else runs)."""
+    do not fit the model (checked right after export, before anything else runs).
+
+    ``dynamic_shapes``: ``torch.export``'s, for a model exported with dynamic dimensions (the
+    converted graph keeps them). ``observers`` (``etkit_quant.observers.observer_states`` of a
+    calibrated prepare of the same model, at another input size): loaded into this prepare's
+    observers instead of running any calibration sample, so that this conversion gives the
+    same quantization parameters (``ValueError`` when the two graphs differ in more than their
+    shapes). ``on_calibrated(prepared)`` is called after calibration, before conversion (to
+    take ``observer_states`` of it)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = _check_example_inputs(example_inputs, "example_inputs")
@@ -53,7 +65,7 @@ def quantize(
             f"quantizer must be a torchao PT2E Quantizer, got {type(quantizer).__name__}"
         )
     samples = check_calibration(calibration, inputs)
-    exported = torch.export.export(model, inputs, strict=True)
+    exported = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes, strict=True)
     # torch 2.13 adds a _guards_fn call_module by default, which PT2E quantizers reject.
     graph_module: Any = exported.module(check_guards=False)
     # Quantizers' passes write into weights (the Arm quantizer folds `conv(x) * c` into the
@@ -65,11 +77,16 @@ def quantize(
         quantizer.check_counts(num_inputs, num_outputs)
     prepare = prepare_qat_pt2e if is_qat else prepare_pt2e
     prepared = prepare(graph_module, quantizer)
-    with torch.no_grad():
-        for done, sample in enumerate(samples, start=1):
-            prepared(*sample)
-            if on_sample is not None:
-                on_sample(done, len(samples))
+    if observers is not None:
+        load_observer_states(prepared, observers)
+    else:
+        with torch.no_grad():
+            for done, sample in enumerate(samples, start=1):
+                prepared(*sample)
+                if on_sample is not None:
+                    on_sample(done, len(samples))
+    if on_calibrated is not None:
+        on_calibrated(prepared)
     converted: GraphModule = convert_pt2e(prepared)
     requantize_shared_inputs(converted)  # exact: the converted model's values do not change
     return converted

@@ -12,7 +12,8 @@ from typing import Any
 from torch.export import ExportedProgram
 
 from etkit_exporter.artifact.float_ops import markdown as float_ops_markdown
-from etkit_exporter.artifact.verdict_text import accepted_lines, verdict_lines
+from etkit_exporter.artifact.sizes_text import sizes_markdown
+from etkit_exporter.artifact.verdict_text import envelope_lines, tolerance_text, verdict_lines
 from etkit_exporter.core.backend_ids import GRID_SAMPLER_BACKEND
 from etkit_exporter.vgf.scenario_writer import scenario_markdown
 from etkit_gridsampler import delegate_format
@@ -137,6 +138,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += _outside_markdown(report["outside_delegates"])
     lines += _grid_samplers_markdown(report["grid_samplers"], report.get("grid_sampler_paths"))
     lines += _io_markdown(report["io"])
+    lines += sizes_markdown(report.get("sizes"))
     lines += _saturation_markdown(report.get("saturation"))
     lines += float_ops_markdown(report.get("float_ops"))
     lines += _verification_markdown(report.get("verification"))
@@ -384,23 +386,12 @@ def verdict_markdown(verdict: dict[str, Any] | None, *, top: bool) -> list[str]:
     tolerance = verdict.get("tolerance", {})
     lines = [
         f"Verdict: **{'fail' if failed else 'pass'}** against the quantized PT2E model; "
-        'tolerance (README, "Verification verdict"): PSNR >= '
-        f"{tolerance.get('min_psnr_db', 0):g} dB, at most "
-        f"{100 * tolerance.get('max_fraction', 0):g} % of values more than "
-        f"{tolerance.get('steps', 0):g} steps (float outputs: "
-        f"{100 * tolerance.get('float_error', 0):g} % of the range) off, mean error within "
-        f"{tolerance.get('max_bias_steps', 0):g} steps"
-        + (
-            "."
-            if tolerance.get("float_margin_db") is None
-            else "; or, unbiased, as close to the float model as the PT2E model is (within "
-            f"{tolerance['float_margin_db']:g} dB)."
-        ),
+        f'README, "Verification verdict": {tolerance_text(tolerance)}.',
         "",
     ]
-    accepted = accepted_lines(verdict)
-    if accepted:
-        lines += [*[f"- {line}" for line in accepted], ""]
+    judged = envelope_lines(verdict)
+    if judged:
+        lines += [*[f"- {line}" for line in judged], ""]
     calls = verdict.get("delegate_calls")
     if calls:
         lines += [
@@ -410,7 +401,7 @@ def verdict_markdown(verdict: dict[str, Any] | None, *, top: bool) -> list[str]:
         ]
         lines += _table(
             ["instruction", "backend", "ops", "output node", "PSNR dB", "steps max",
-             "beyond tolerance", "verdict", "on its own inputs"],
+             "mean steps", "verdict", "on its own inputs"],
             [
                 [
                     c["instruction"],
@@ -419,7 +410,7 @@ def verdict_markdown(verdict: dict[str, Any] | None, *, top: bool) -> list[str]:
                     c.get("node") or "",
                     _db(c["psnr_db"]) if "psnr_db" in c else "",
                     "" if c.get("max_steps") is None else c["max_steps"],
-                    f"{100 * c['fraction_over']:.3g} %" if "fraction_over" in c else "",
+                    "" if c.get("mean_steps") is None else f"{c['mean_steps']:+.3g}",
                     "not compared"
                     if "passes" not in c
                     else "ok"

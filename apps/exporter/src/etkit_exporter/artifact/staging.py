@@ -18,6 +18,12 @@ Rules (the README's "What --force replaces" says the same to users):
   folders of this naming whose owner died; it leaves those a live export holds. Creating,
   recovering and committing happen under a lock on the parent folder, so two exports into one
   place serialize there and leave one complete export.
+- A stop signal (Ctrl-C, SIGTERM) received while the folder is staged stops the export before
+  the commit even when Python lost its exception: Python raises ``KeyboardInterrupt`` wherever
+  the main thread is, and one raised inside a finalizer or a weakref callback (torch's lowering
+  runs thousands) is printed as "Exception ignored" and dropped. ``Staging`` remembers each stop
+  signal its handler saw; ``raise_stop_signal`` (before the commit's swap, and the CLI after each
+  stage) raises it again.
 """
 
 from __future__ import annotations
@@ -32,10 +38,13 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, Final
 
 logger = logging.getLogger(__name__)
@@ -363,13 +372,67 @@ def recover(path: Path) -> list[str]:
 # -- staging and commit ----------------------------------------------------------------------
 
 
+_STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
+_SignalHandler = Callable[[int, FrameType | None], Any]
+
+
+class _StopSignals:
+    """While installed (main thread only): every Python-level handler of SIGINT and SIGTERM
+    (Python's own ``KeyboardInterrupt``, the pipeline's ``SystemExit(143)``) wrapped so that
+    each signal it is called for is remembered, with the handler, until ``raise_stop_signal``
+    calls that handler again. Signals with their default action or ignored are left alone."""
+
+    active: Final[list[_StopSignals]] = []
+
+    def __init__(self) -> None:
+        self.received: list[tuple[int, _SignalHandler]] = []
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in _STOP_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                self._previous[signum] = handler
+                signal.signal(signum, self._remembering(handler))
+        _StopSignals.active.append(self)
+
+    def _remembering(self, handler: _SignalHandler) -> _SignalHandler:
+        def remember(signum: int, frame: FrameType | None) -> Any:
+            self.received.append((signum, handler))
+            return handler(signum, frame)
+
+        return remember
+
+    def uninstall(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+        if self in _StopSignals.active:
+            _StopSignals.active.remove(self)
+
+
+def raise_stop_signal() -> None:
+    """Raises the exception of a stop signal (Ctrl-C: ``KeyboardInterrupt``; SIGTERM during an
+    export: ``SystemExit(143)``) received while an export is staged, when that exception did
+    not end the export (Python drops one raised in a finalizer); nothing otherwise."""
+    for stops in reversed(_StopSignals.active):
+        if stops.received:
+            signum, handler = stops.received[0]
+            stops.received.clear()
+            handler(signum, None)
+
+
 class Staging:
     """The folder an export is written into, and its commit into place.
 
     ``with Staging(destination) as staging:`` creates and locks ``staging.path`` (permissions
     from the umask, as a folder made with ``mkdir``); ``staging.commit(force, producer)``
     writes the manifest and swaps the folder into place. Leaving the block without a commit
-    (any exception, ``KeyboardInterrupt`` included) deletes the staging folder."""
+    (any exception, ``KeyboardInterrupt`` included) deletes the staging folder. A stop signal
+    received inside the block stops the commit even when its exception was lost (the module's
+    docstring says how)."""
 
     def __init__(self, destination: Destination) -> None:
         self.destination = destination
@@ -377,8 +440,17 @@ class Staging:
         self.recovered: list[str] = []
         self._fd: int | None = None
         self._committed = False
+        self._stops = _StopSignals()
 
     def __enter__(self) -> Staging:
+        self._stops.install()
+        try:
+            return self._enter()
+        except BaseException:
+            self._stops.uninstall()
+            raise
+
+    def _enter(self) -> Staging:
         target = self.destination.path
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -428,6 +500,7 @@ class Staging:
                     f"{requested} was written by another export while this one ran; pass "
                     "force=True (--force) to replace it"
                 )
+            raise_stop_signal()  # the last moment an interrupt can keep what is there
             if replaces == "nothing":
                 self.path.rename(target)
             elif _exchange(self.path, target):
@@ -443,6 +516,7 @@ class Staging:
             shutil.rmtree(old, ignore_errors=True)
 
     def __exit__(self, *exc: object) -> None:
+        self._stops.uninstall()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

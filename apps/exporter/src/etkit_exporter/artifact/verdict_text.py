@@ -11,20 +11,23 @@ QUANTIZED_REFERENCE: Final = "quantized PT2E model"
 
 
 def verdict_lines(verdict: Mapping[str, Any]) -> list[str]:
-    """One line per fact of a verdict: each output passed as accumulated rounding, each failing
-    output (by how much), where the program first diverges."""
-    lines = accepted_lines(verdict)
+    """One line per fact of a failed verdict: each failing output (by how much), each wrong
+    sampling position, where the program first diverges."""
+    lines = []
     for o in verdict.get("outputs", []):
         if o.get("passes", True):
             continue
         figures = [_db_text(o.get("psnr_db"))]
         if "max_steps" in o:
-            figures.append(f"{o['max_steps']} steps max")
+            figures.append(f"{o['max_steps']:g} steps max")
         figures.append(f"max abs error {o['max_abs_error']:.4g}")
         lines.append(
             f"output {o['output']} vs the {QUANTIZED_REFERENCE}: {', '.join(figures)}; "
             + "; ".join(o.get("reasons", []))
         )
+    for c in verdict.get("coordinates", []):
+        if not c.get("passes", True):
+            lines.append(coordinate_text(c))
     divergence = verdict.get("divergence")
     if divergence:
         lines.append("first divergence: " + divergence_text(divergence))
@@ -36,18 +39,47 @@ def verdict_lines(verdict: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def accepted_lines(verdict: Mapping[str, Any]) -> list[str]:
-    """One line per output that passed as accumulated rounding (outside the PSNR or share rule
-    against the PT2E model, as close to the float model as that model is)."""
+def tolerance_text(tolerance: Mapping[str, Any]) -> str:
+    """The verdict's rules with a verdict's tolerance, in words (README, "Verification
+    verdict")."""
+    text = (
+        f"outputs within the rounding envelope ({tolerance.get('samples', 0):g} runs of the "
+        f"quantized model rounding the other way within {tolerance.get('band', 0):g} steps of "
+        "a boundary; 99.9 % prediction bounds on error power and mean), sampling positions "
+        f"shifted less than {tolerance.get('coordinate_bias_px', 0):g} px"
+    )
+    if tolerance.get("max_steps") is not None:
+        text += f", no value more than {tolerance['max_steps']:g} steps off"
+    return text
+
+
+def envelope_lines(verdict: Mapping[str, Any]) -> list[str]:
+    """One line per output and per judged coordinate tensor: the program's figures against the
+    bounds the rounding envelope gives."""
     lines = []
     for o in verdict.get("outputs", []):
-        if o.get("accepted"):
-            lines.append(
-                f"output {o['output']} vs the {QUANTIZED_REFERENCE}: {_db_text(o.get('psnr_db'))}; "
-                + "; ".join(o.get("rounding_reasons", []))
-                + f"; passes: {o['accepted']}"
-            )
+        if "power_bound_steps2" not in o:
+            continue
+        lines.append(
+            f"output {o['output']}: error power {o['power_steps2']:.3g} {o.get('unit', 'steps')}^2 "
+            f"(envelope bound {o['power_bound_steps2']:.3g}), mean {o['mean_steps']:+.3g} "
+            f"(bound {o['bias_bound_steps']:.3g}): {'pass' if o['passes'] else 'fail'}"
+        )
+    lines += [coordinate_text(c) for c in verdict.get("coordinates", [])]
     return lines
+
+
+def coordinate_text(row: Mapping[str, Any]) -> str:
+    """A judged coordinate tensor (``check.coordinates``) in one line."""
+    bias = ", ".join(f"{b:+.3g}" for b in row.get("bias_px", []))
+    text = (
+        f"coordinates: {row['node']} (feeding {row['sampler']}, image {row['image'][0]}x"
+        f"{row['image'][1]}) moves sampling positions by ({bias}) px on average, "
+        f"{row['rms_px']:.3g} px root mean square (bound {row['rms_bound_px']:.3g})"
+    )
+    if not row.get("passes", True):
+        text += ": " + "; ".join(row.get("reasons", []))
+    return text
 
 
 def divergence_text(divergence: Mapping[str, Any]) -> str:

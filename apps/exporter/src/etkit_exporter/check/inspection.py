@@ -36,6 +36,7 @@ from executorch.devtools.etrecord import parse_etrecord
 
 from etkit_exporter.artifact.etrecord import ETRECORD_NAME, INSTRUCTION_MAP_NAME, REFERENCE_GRAPH
 from etkit_exporter.artifact.report import render_markdown
+from etkit_exporter.artifact.sizes_text import size_lines
 from etkit_exporter.artifact.staging import MANIFEST, foreign_content, write_manifest
 from etkit_exporter.check.metrics import psnr
 from etkit_exporter.check.references import QDQ_OPS, References, quantize_qparams, reference_values
@@ -524,7 +525,9 @@ def inspect_export(folder: str | Path, *, grid_sampler_impl: GridSamplerImpl = "
         runner=runner,
         rows=rows,
         outputs=_output_rows(export, outputs, references),
-        notes=verdict_notes(export.report.get("verification")) + notes,
+        notes=size_lines(export.report.get("sizes"))
+        + verdict_notes(export.report.get("verification"))
+        + notes,
         events=events,
         upstream_numeric_gap=upstream,
         seconds=time.perf_counter() - began,

@@ -56,7 +56,7 @@ def _capture(
     return capture.values, module
 
 
-def _reference_program(record: Any) -> tuple[Any, list[torch.Tensor]]:
+def reference_program(record: Any) -> tuple[Any, list[torch.Tensor]]:
     """The ETRecord's quantized graph (the reference) and its representative inputs."""
     inputs = list(record._representative_inputs or [])
     if not inputs:
@@ -73,7 +73,7 @@ def conditional_values(
     passing on the program's value instead of its own: what the quantized model computes for
     each node from the program's own values upstream of it. Also the name of the node each
     graph output is (``None`` for an output that is not a node's value)."""
-    program, inputs = _reference_program(record)
+    program, inputs = reference_program(record)
     values, module = _capture(program, inputs, overrides)
     output = next(n for n in module.graph.nodes if n.op == "output")
     leaves = pytree.tree_leaves(output.args[0])
@@ -131,7 +131,7 @@ class References:
 
 
 def reference_values(record: Any) -> References:
-    reference, inputs = _reference_program(record)
+    reference, inputs = reference_program(record)
     graph_map = record.graph_map or {}
     quantized, module = _capture(reference, inputs)
     nodes = {n.name: n for n in module.graph.nodes}

@@ -1,31 +1,29 @@
-"""The verdict of a verification: whether each output of the written program is close enough to
-the quantized PT2E model (the program's own definition), and, when one is not, the first delegate
-call whose output diverges from that model's value of the same tensor.
+"""The verdict of a verification: whether each output of the written program differs from the
+quantized PT2E model (the program's own definition) by no more than legitimate rounding does,
+whether the coordinates it samples at are where that model samples, and, when it fails, the
+first delegate call whose output diverges.
 
-The tolerance (``VerifyTolerance``) is written down in apps/exporter/README.md ("Verification
-verdict") with its reasoning. In short, for an integer output in steps of its scale, all of:
+The yardstick is the rounding envelope (``check.envelope``): the quantized model rerun with
+each activation quantize rounding to the other neighbour near its rounding boundary, as a
+correct integer backend may. Per output, in steps of its scale (a float output: in 1/255 of
+its range), with ``D`` the program's difference from the quantized model and ``D_k`` each
+envelope run's:
 
-- PSNR against the quantized PT2E model of at least ``min_psnr_db`` (a scrambled or wrong
-  output is 8-32 dB; rounding differences along a network leave 44 dB and more), unless no
-  value is more than one step off (rounding, however few steps the tensor spans);
-- at most ``max_fraction`` of the values more than ``steps`` steps off (a warp by a flow one
-  step off moves a few textured pixels by many steps: RAFT's warped frame 26 steps at a few
-  pixels; a kernel that is wrong is wrong nearly everywhere);
-- a mean signed error of at most ``max_bias_steps`` steps, plus three standard errors of that
-  mean (rounding differences are as often up as down; a kernel or layout that shifts values is
-  not; the standard error lets a few values, a classifier's logits, round one way together).
+- power: ``mean(D^2)`` at most the 99.9 % prediction bound of the envelope's ``mean(D_k^2)``
+  (and at least what the halves-rounding runs give, and one value one step off);
+- bias: ``|mean(D)|`` at most the prediction bound of the envelope's ``|mean(D_k)|`` (or the
+  halves-rounding runs'), plus three standard errors of the program's own mean (a 4-logit
+  output's mean wanders by more than a picture's);
+- ``max_steps``, when the tolerance sets it: no value further.
 
-An integer output outside the first two rules, but unbiased, passes when it is no further from
-the float model than the quantized PT2E model is, by ``float_margin_db`` (accumulated rounding:
-``accept_accumulated_rounding``).
+No rule accepts a difference without bounding it. A float export (no quantization) has no
+envelope: its outputs are held to ``float_min_psnr_db`` against the float model and to the bias
+rule with three standard errors. The coordinate rule (``check.coordinates``) judges, in pixels
+of the image sampled, every tensor a delegate call produces upstream of a sampler's grid.
 
-A float output is judged the same way with ``float_error`` (a fraction of the reference's range)
-in place of ``steps`` (no bias rule); in a float export (no quantization), whose reference is
-the float model itself, its PSNR floor is ``float_min_psnr_db``.
-
-``etkit run model.bpte`` checks a bundled program's outputs by the same rule
-(``within_tolerance``: at most a fraction of the values more than k steps off), with the bundle's
-own tolerance (k = 0 steps, no value off: the integer paths are exact).
+``etkit run model.bpte`` checks a bundled program's outputs by its own rule
+(``metrics.within_tolerance``), with the bundle's tolerance (0 steps: the integer paths are
+exact).
 """
 
 from __future__ import annotations
@@ -47,10 +45,19 @@ from executorch.devtools.etrecord import parse_etrecord
 from etkit_exporter.artifact.etrecord import ETRECORD_NAME, INSTRUCTION_MAP_NAME
 from etkit_exporter.artifact.staging import check_destination
 from etkit_exporter.artifact.verdict_text import QUANTIZED_REFERENCE, verdict_lines
-from etkit_exporter.check.metrics import psnr, within_tolerance
+from etkit_exporter.check.coordinates import judge_coordinates, sampler_sites
+from etkit_exporter.check.envelope import (
+    MAX_SAMPLES,
+    MIN_SAMPLES,
+    Envelope,
+    prediction_bound,
+    rounding_envelope,
+)
+from etkit_exporter.check.metrics import psnr
 from etkit_exporter.check.references import (
     conditional_values,
     quantize_qparams,
+    reference_program,
     reference_values,
 )
 from etkit_exporter.core.errors import ExportError
@@ -58,31 +65,36 @@ from etkit_exporter.core.io_params import program_input
 from etkit_exporter.programs.runtime import run_with_etdump
 
 FAILED_SUFFIX: Final = ".failed-verification"
-_BIAS_ERRORS: Final = 3.0  # standard errors of the mean the bias rule allows beyond its limit
-# The quantized PT2E model at least this close to the float model (PSNR) for the float model to
-# be the yardstick of accumulated rounding (``accept_accumulated_rounding``)
-_ANCHOR_DB: Final = 20.0
+_SE: Final = 3.0  # standard errors of the program's own mean the bias rule allows
+_FLOAT_UNITS: Final = 255.0  # a float tensor is judged in 1/255 of its range (an 8-bit step)
+# float32 arithmetic in two orders: a float tensor's mean may differ by this many units unbiased
+_FLOAT_NOISE: Final = 1e-3
 
 
 @dataclass(frozen=True)
 class VerifyTolerance:
-    """How far an output of the written program may be from the quantized PT2E model (see the
-    module docstring and the README). Give it as ``export_model(verify_tolerance=...)``, or as
-    text (``parse_tolerance``: ``"psnr=36,steps=2,fraction=0.1"``) to ``--verify-tolerance`` and
-    ``verify_tolerance`` in ``export.toml``."""
+    """How the verdict judges (module docstring; apps/exporter/README.md, "Verification
+    verdict"). Give it as ``export_model(verify_tolerance=...)``, or as text
+    (``parse_tolerance``: ``"samples=16,band=0.02,max-steps=1"``) to ``--verify-tolerance`` and
+    ``verify_tolerance`` in ``export.toml``.
 
-    min_psnr_db: float = 36.0
-    steps: int = 2
-    max_fraction: float = 0.10
-    max_bias_steps: float = 0.5
-    float_error: float = 0.02
+    - ``samples``: dithered runs of the rounding envelope (4 to 64);
+    - ``band``: how near its rounding boundary (in steps) a quantize may round the other way;
+    - ``coordinate_bias_px``: the largest systematic shift of a sampling position (pixels);
+    - ``float_min_psnr_db``: a float export's floor against the float model;
+    - ``max_steps``: when set, no output value further than this many steps (off by default).
+    """
+
+    samples: int = 16
+    band: float = 0.02
+    coordinate_bias_px: float = 0.125
     float_min_psnr_db: float = 60.0
-    float_margin_db: float | None = 1.0  # None: no accumulated-rounding rule
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
         for item in fields(self):
             value = getattr(self, item.name)
-            if value is None and item.name == "float_margin_db":
+            if value is None and item.name == "max_steps":
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"VerifyTolerance.{item.name} must be a number, got {value!r}")
@@ -90,11 +102,18 @@ class VerifyTolerance:
                 raise ValueError(
                     f"VerifyTolerance.{item.name} must be a finite number >= 0, got {value!r}"
                 )
-        if int(self.steps) != self.steps:
-            raise ValueError(f"VerifyTolerance.steps must be a whole number, got {self.steps!r}")
-        if self.max_fraction > 1:
+        for name in ("samples", "max_steps"):
+            value = getattr(self, name)
+            if value is not None and int(value) != value:
+                raise ValueError(f"VerifyTolerance.{name} must be a whole number, got {value!r}")
+        if not MIN_SAMPLES <= self.samples <= MAX_SAMPLES:
             raise ValueError(
-                f"VerifyTolerance.max_fraction is a fraction (0..1), got {self.max_fraction!r}"
+                f"VerifyTolerance.samples must be in [{MIN_SAMPLES}, {MAX_SAMPLES}], got "
+                f"{self.samples!r}"
+            )
+        if self.band > 0.5:
+            raise ValueError(
+                f"VerifyTolerance.band is at most 0.5 steps (either neighbour), got {self.band!r}"
             )
 
     def as_dict(self) -> dict[str, float | None]:
@@ -111,49 +130,52 @@ class VerifyTolerance:
 
 # The keys of the text form and the fields they set
 TOLERANCE_KEYS: Final = {
-    "psnr": "min_psnr_db",
-    "steps": "steps",
-    "fraction": "max_fraction",
-    "bias": "max_bias_steps",
-    "float-error": "float_error",
+    "samples": "samples",
+    "band": "band",
+    "coordinate-bias": "coordinate_bias_px",
     "float-psnr": "float_min_psnr_db",
-    "float-margin": "float_margin_db",
+    "max-steps": "max_steps",
 }
+# Keys of the verdict before the rounding envelope (etkit-exporter 0.1): refused with a reason
+_RETIRED_KEYS: Final = ("psnr", "steps", "fraction", "bias", "float-error", "float-margin")
 
 
 def parse_tolerance(text: str) -> VerifyTolerance:
-    """A ``VerifyTolerance`` from ``key=value`` pairs separated by commas (keys: psnr, steps,
-    fraction, bias, float-error, float-psnr, float-margin, which also takes ``off``; each one
-    left out keeps its default); ``ValueError`` naming the wrong pair otherwise."""
+    """A ``VerifyTolerance`` from ``key=value`` pairs separated by commas (keys: samples, band,
+    coordinate-bias, float-psnr, max-steps, which also takes ``off``; each one left out keeps
+    its default); ``ValueError`` naming the wrong pair otherwise."""
     if not isinstance(text, str):
-        raise TypeError(f"a verify tolerance is text such as 'psnr=36,steps=2', got {text!r}")
+        raise TypeError(f"a verify tolerance is text such as 'max-steps=1', got {text!r}")
     values: dict[str, float | None] = {}
     for pair in (p.strip() for p in text.split(",")):
         if not pair:
             continue
         key, sep, number = (s.strip() for s in pair.partition("="))
         key = key.replace("_", "-")
+        if key in _RETIRED_KEYS:
+            raise ValueError(
+                f"verify tolerance {text!r}: {key!r} is gone: the verdict judges by the rounding "
+                f"envelope now (keys {', '.join(TOLERANCE_KEYS)}; apps/exporter/README.md, "
+                "'Verification verdict')"
+            )
         if not sep or key not in TOLERANCE_KEYS:
             raise ValueError(
                 f"verify tolerance {text!r}: {pair!r} is not KEY=NUMBER with KEY one of "
-                f"{', '.join(TOLERANCE_KEYS)} (e.g. 'psnr=36,steps=2,fraction=0.1')"
+                f"{', '.join(TOLERANCE_KEYS)} (e.g. 'samples=32,max-steps=1')"
             )
-        if key == "float-margin" and number == "off":
+        if key == "max-steps" and number == "off":
             values[TOLERANCE_KEYS[key]] = None
             continue
-        if key == "fraction" and number.endswith("%"):
-            number, scale = number[:-1], 0.01
-        else:
-            scale = 1.0
         try:
-            values[TOLERANCE_KEYS[key]] = float(number) * scale
+            values[TOLERANCE_KEYS[key]] = float(number)
         except ValueError:
             raise ValueError(f"verify tolerance {text!r}: {number!r} is not a number") from None
-    if "steps" in values:
-        steps = values["steps"]
-        if steps is None or steps != int(steps):
-            raise ValueError(f"verify tolerance {text!r}: steps must be a whole number")
-        values["steps"] = int(steps)
+    for name in ("samples", "max_steps"):
+        value = values.get(name)
+        if value is not None:
+            if value != int(value):
+                raise ValueError(f"verify tolerance {text!r}: {name} must be a whole number")
+            values[name] = int(value)
     try:
         return VerifyTolerance(**values)  # type: ignore[arg-type]
     except (TypeError, ValueError) as error:
@@ -169,7 +191,7 @@ def check_tolerance(value: object) -> VerifyTolerance:
     if isinstance(value, str):
         return parse_tolerance(value)
     raise TypeError(
-        f"verify_tolerance must be a VerifyTolerance or text such as 'psnr=36,steps=2', got "
+        f"verify_tolerance must be a VerifyTolerance or text such as 'max-steps=1', got "
         f"{type(value).__name__}"
     )
 
@@ -178,74 +200,91 @@ def check_tolerance(value: object) -> VerifyTolerance:
 # Judging one tensor
 
 
+def _moments(difference: torch.Tensor) -> tuple[float, float, float]:
+    """Power (mean square), mean and the standard error of the mean of a difference."""
+    n = difference.numel()
+    if n == 0:
+        return 0.0, 0.0, 0.0
+    mean = float(difference.mean())
+    spread = float(difference.std(unbiased=False)) if n > 1 else 0.0
+    return float((difference * difference).mean()), mean, spread / math.sqrt(n)
+
+
 def judge_tensor(
     actual: torch.Tensor,
     reference: torch.Tensor,
     scale: float | None,
     tolerance: VerifyTolerance,
     *,
+    envelope: Sequence[torch.Tensor] = (),
+    modes: Sequence[torch.Tensor] = (),
     float_reference: bool = False,
 ) -> dict[str, Any]:
-    """``actual`` against ``reference`` (both real values, the same shape): PSNR, max abs error,
-    and, with ``scale`` (an integer tensor's step), the steps apart (max, share more than
-    ``tolerance.steps`` off, mean signed error); without, the share further than
-    ``tolerance.float_error`` of the reference's range. ``float_reference``: the reference is
-    the float model (a float export), so the float PSNR floor applies. Returns the figures,
-    ``passes`` and, when it does not, ``reasons`` (one line each)."""
+    """``actual`` against ``reference`` (real values of one shape) with the envelope's values of
+    the same tensor (``envelope``: the dithered runs, ``modes``: the halves-rounding runs; see
+    the module docstring), in steps of ``scale`` (``None``: a float tensor, judged in 1/255 of
+    the reference's range). Without an envelope (a float export, ``float_reference``) the PSNR
+    floor and the bias rule decide. Returns the figures, ``passes`` and, when it does not,
+    ``reasons`` (one line each)."""
     a, r = actual.double().reshape(-1), reference.double().reshape(-1)
-    difference = a - r
-    db = psnr(a, r)
+    peak = float(r.max() - r.min()) if r.numel() else 0.0
+    unit = scale if scale is not None else (peak or 1.0) / _FLOAT_UNITS
+    difference = (a - r) / unit
+    n = difference.numel()
+    power, mean, standard_error = _moments(difference)
     result: dict[str, Any] = {
-        "psnr_db": db,
-        "max_abs_error": float(difference.abs().max()) if difference.numel() else 0.0,
+        "psnr_db": psnr(a, r),
+        "max_abs_error": float((a - r).abs().max()) if n else 0.0,
+        "max_steps": float(difference.abs().max()) if n else 0.0,
+        "mean_steps": mean,
+        "power_steps2": power,
+        "unit": "steps" if scale is not None else "1/255 of the range",
     }
-    reasons: list[str] = []
     if scale is not None:
-        signed = torch.round(difference / scale)
-        off = signed.abs()
-        result["max_steps"] = int(off.max()) if off.numel() else 0
-        result["fraction_over"] = (
-            float((off > tolerance.steps).double().mean()) if off.numel() else 0.0
+        result["max_steps"] = round(result["max_steps"])
+    reasons: list[str] = []
+    name = "steps" if scale is not None else "units"
+    if len(envelope) >= 2:
+        runs = [_moments((e.double().reshape(-1) - r) / unit) for e in envelope]
+        mode_runs = [_moments((e.double().reshape(-1) - r) / unit) for e in modes]
+        power_bound = max(
+            prediction_bound([p for p, _, _ in runs]),
+            max((p for p, _, _ in mode_runs), default=0.0),
+            1.0 / max(n, 1),  # one value one step off
         )
-        result["mean_steps"] = float(signed.mean()) if off.numel() else 0.0
-        # The mean of n rounding differences wanders by std/sqrt(n): on a 4-value output
-        # (logits) three values a step down is rounding, on a picture it is a shift.
-        spread = float(signed.std(unbiased=False)) if off.numel() > 1 else 0.0
-        bias_limit = tolerance.max_bias_steps + _BIAS_ERRORS * spread / math.sqrt(
-            max(off.numel(), 1)
-        )
-        floor = tolerance.min_psnr_db
-        if not within_tolerance(
-            int((off > tolerance.steps).sum()), off.numel(), tolerance.max_fraction
-        ):
-            reasons.append(
-                f"{100 * result['fraction_over']:.3g} % of values more than {tolerance.steps} "
-                f"steps off (at most {100 * tolerance.max_fraction:g} %)"
+        bias_bound = (
+            max(
+                prediction_bound([abs(m) for _, m, _ in runs]),
+                max((abs(m) for _, m, _ in mode_runs), default=0.0),
             )
-        if abs(result["mean_steps"]) > bias_limit:
-            result["biased"] = True
+            + _SE * standard_error
+        )
+        result.update(
+            {
+                "envelope_power_steps2": sum(p for p, _, _ in runs) / len(runs),
+                "power_bound_steps2": power_bound,
+                "bias_bound_steps": bias_bound,
+                "envelope_max_steps": max(
+                    float((e.double().reshape(-1) - r).abs().max() / unit) if n else 0.0
+                    for e in envelope
+                ),
+            }
+        )
+        if power > power_bound:
             reasons.append(
-                f"mean error {result['mean_steps']:+.3g} steps (at most "
-                f"{tolerance.max_bias_steps:g} either way, {bias_limit:.3g} over "
-                f"{off.numel()} values)"
+                f"error power {power:.4g} {name}^2 (the rounding envelope allows {power_bound:.3g})"
             )
     else:
-        peak = float(r.max() - r.min()) if r.numel() else 0.0
-        limit = tolerance.float_error * (peak or 1.0)
-        off = difference.abs()
-        result["fraction_over"] = float((off > limit).double().mean()) if off.numel() else 0.0
-        floor = tolerance.float_min_psnr_db if float_reference else tolerance.min_psnr_db
-        if not within_tolerance(int((off > limit).sum()), off.numel(), tolerance.max_fraction):
-            reasons.append(
-                f"{100 * result['fraction_over']:.3g} % of values more than "
-                f"{100 * tolerance.float_error:g} % of the reference's range off (at most "
-                f"{100 * tolerance.max_fraction:g} %)"
-            )
-    # Within one step everywhere is rounding, whatever the PSNR: a tensor whose values span a
-    # few steps (RAFT's correlation lookups) is 33 dB from its reference at one step.
-    rounding_only = scale is not None and result["max_steps"] <= 1
-    if db is not None and db < floor and not rounding_only:
-        reasons.insert(0, f"PSNR {db:.2f} dB (at least {floor:g} dB)")
+        bias_bound = _SE * standard_error + (_FLOAT_NOISE if scale is None else 0.0)
+        result["bias_bound_steps"] = bias_bound
+        floor = tolerance.float_min_psnr_db
+        if float_reference and result["psnr_db"] is not None and result["psnr_db"] < floor:
+            reasons.append(f"PSNR {result['psnr_db']:.2f} dB (at least {floor:g} dB)")
+    if abs(mean) > bias_bound:
+        result["biased"] = True
+        reasons.append(f"mean error {mean:+.3g} {name} (at most {bias_bound:.3g} either way)")
+    if tolerance.max_steps is not None and result["max_steps"] > tolerance.max_steps:
+        reasons.append(f"{result['max_steps']:g} {name} off (at most {tolerance.max_steps})")
     result["passes"] = not reasons
     if reasons:
         result["reasons"] = reasons
@@ -256,78 +295,72 @@ def judge_tensor(
 # The verdict on the outputs
 
 
+def output_envelope(
+    quantized_model: torch.nn.Module,
+    example_inputs: Sequence[torch.Tensor],
+    tolerance: VerifyTolerance,
+) -> Envelope | None:
+    """The rounding envelope of the quantized model's outputs (``None`` for a model that is no
+    FX graph)."""
+    if not isinstance(quantized_model, torch.fx.GraphModule):
+        return None
+    return rounding_envelope(
+        quantized_model, list(example_inputs), samples=tolerance.samples, band=tolerance.band
+    )
+
+
 def judge_outputs(
     actual: Sequence[torch.Tensor],
     references: Sequence[torch.Tensor],
     io_outputs: Sequence[Mapping[str, Any]],
     tolerance: VerifyTolerance,
     *,
+    envelope: Envelope | None = None,
     float_export: bool = False,
-    float_references: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """report.json's ``verification["verdict"]``: each program output (dequantized, in any
     layout of the reference's shape) against the quantized PT2E model's (``references``), with
-    the scale of ``io_outputs`` (``io_quant_params.json``'s). With ``float_references`` (the
-    float model's outputs), an integer output that misses the PSNR or share rule but is not
-    biased passes when it is as close to the float model as the quantized PT2E model is
-    (``accept_accumulated_rounding``). ``{"result": "pass" | "fail", "tolerance": {...},
-    "outputs": [...], "failing_outputs": [...], "divergence": None}``."""
+    the scale of ``io_outputs`` (``io_quant_params.json``'s) and the rounding ``envelope`` of
+    those outputs. ``{"result": "pass" | "fail", "tolerance": {...}, "outputs": [...],
+    "failing_outputs": [...], "divergence": None}``."""
     outputs = []
-    floats = float_references if float_references is not None else [None] * len(references)
-    for index, (y, ref, entry, fref) in enumerate(
-        zip(actual, references, io_outputs, floats, strict=True)
-    ):
+    for index, (y, ref, entry) in enumerate(zip(actual, references, io_outputs, strict=True)):
         y = y.contiguous().reshape(ref.shape)
         step = _output_step(entry)
-        judged = judge_tensor(y, ref, step, tolerance, float_reference=float_export)
-        if fref is not None and step is not None and not float_export:
-            judged = accept_accumulated_rounding(judged, y, ref, fref.reshape(ref.shape), tolerance)
+        dithered, modes = envelope.outputs(index) if envelope is not None else ([], [])
+        judged = judge_tensor(
+            y,
+            ref,
+            step,
+            tolerance,
+            envelope=[_real(e, entry) for e in dithered],
+            modes=[_real(e, entry) for e in modes],
+            float_reference=float_export,
+        )
         outputs.append({"output": index, "reference": QUANTIZED_REFERENCE, **judged})
     failing = [o for o in outputs if not o["passes"]]
-    return {
+    verdict: dict[str, Any] = {
         "result": "fail" if failing else "pass",
         "tolerance": tolerance.as_dict(),
         "outputs": outputs,
         "failing_outputs": [o["output"] for o in failing],
         "divergence": None,
     }
+    if envelope is not None:
+        verdict["envelope"] = {
+            "samples": len(envelope.dithered),
+            "band_steps": envelope.band,
+            "dithered_quantizes": envelope.dithered_quantizes,
+        }
+    return verdict
 
 
-def accept_accumulated_rounding(
-    judged: dict[str, Any],
-    actual: torch.Tensor,
-    reference: torch.Tensor,
-    float_reference: torch.Tensor,
-    tolerance: VerifyTolerance,
-) -> dict[str, Any]:
-    """``judged`` (``judge_tensor``'s figures for an integer output against the quantized PT2E
-    model) with the output's PSNR against the float model and the PT2E model's, and, when it
-    failed on PSNR or on the share of values off but not on bias, passing if the program is no
-    further from the float model than the PT2E model is, by ``tolerance.float_margin_db``, and
-    the PT2E model is itself within ``_ANCHOR_DB`` of the float model. Rounding differences
-    that a deep or recurrent network carries from layer to layer (eight residual blocks, a
-    flow refined four times, a nearest sampler at a computed theta) leave the program and the
-    PT2E model equally far from the float model and further from each other; a wrong kernel or
-    layout adds its own error and moves the program away from the float model."""
-    program_db, model_db = psnr(actual, float_reference), psnr(reference, float_reference)
-    judged = {**judged, "psnr_vs_float_db": program_db, "reference_psnr_vs_float_db": model_db}
-    if judged["passes"] or judged.get("biased") or tolerance.float_margin_db is None:
-        return judged
-    program = math.inf if program_db is None else program_db
-    model = math.inf if model_db is None else model_db
-    if model < _ANCHOR_DB or program < model - tolerance.float_margin_db:
-        return judged
-    reasons = judged.pop("reasons")
-    return {
-        **judged,
-        "passes": True,
-        "accepted": (
-            f"as close to the float model as the quantized PT2E model ({program:.2f} dB "
-            f"against its {model:.2f} dB, at most {tolerance.float_margin_db:g} dB less): "
-            "accumulated rounding, not a wrong program"
-        ),
-        "rounding_reasons": reasons,
-    }
+def _real(value: torch.Tensor, entry: Mapping[str, Any]) -> torch.Tensor:
+    """An envelope run's output as the reference gives it (the quantized model's outputs are
+    real values; an integer one is dequantized with its IO parameters)."""
+    if value.dtype.is_floating_point or entry.get("scale") is None:
+        return value
+    return (value.double() - float(entry.get("zero_point") or 0)) * float(entry["scale"])
 
 
 class VerificationError(ExportError):
@@ -383,25 +416,24 @@ def failed_folder(root: Path) -> Path:
 # Localization: the first delegate call whose output diverges
 
 
-def localize(
+def judge_calls(
     folder: Path,
     tolerance: VerifyTolerance,
     delegate_calls: Sequence[Any] | None,
     io_params: Mapping[str, Any],
     *,
     float_export: bool = False,
-    program_outputs: Sequence[torch.Tensor] | None = None,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str | None, list[dict[str, Any]]]:
     """Each delegate call of a run of ``folder/model.pte`` on the example inputs against the
     quantized PT2E model's value of the same tensor (the node of the ETRecord's quantized edge
-    graph that ``etrecord.json`` says the call writes, that graph run on the same inputs):
-    figures and verdict by ``judge_tensor``. ``delegate_calls``: the runner's records of the
-    verified run (``keep_delegate_io``); ``None`` runs the program again in
-    ``executorch.runtime`` with an ETDump and reads the delegate calls' outputs from its debug
-    buffer. ``program_outputs``: the program's outputs as the verdict judges them
-    (dequantized).
+    graph that ``etrecord.json`` says the call writes, that graph run on the same inputs) and
+    that value's rounding envelope: figures and verdict by ``judge_tensor``; and every call
+    output upstream of a sampler's grid judged in pixels (``check.coordinates``).
+    ``delegate_calls``: the runner's records of the verified run (``keep_delegate_io``);
+    ``None`` runs the program again in ``executorch.runtime`` with an ETDump and reads the
+    delegate calls' outputs from its debug buffer.
     Returns the first failing call (``None`` if none), every row, a note when nothing could be
-    compared, and each program output judged on its own inputs."""
+    compared, and the coordinate rows."""
 
     record_path, map_path = folder / ETRECORD_NAME, folder / INSTRUCTION_MAP_NAME
     if not record_path.is_file() or not map_path.is_file():
@@ -426,11 +458,22 @@ def localize(
         names = entry.get("outputs") or []
         outputs = list(outputs)[-len(names) :] if names else []  # an ETDump logs inputs first
         calls.append((instruction, backend, entry, list(zip(outputs, names, strict=False))))
-    # each node computed by the quantized model from the program's own values upstream of it
-    own, output_names = conditional_values(
-        record,
-        {n: v for *_, pairs in calls for v, n in pairs if n and isinstance(v, torch.Tensor)},
+    values = {n: v for *_, pairs in calls for v, n in pairs if n and isinstance(v, torch.Tensor)}
+    program, inputs = reference_program(record)
+    module = program.module()
+    envelope = (
+        None
+        if float_export
+        else rounding_envelope(
+            module,
+            inputs,
+            samples=tolerance.samples,
+            band=tolerance.band,
+            capture={*values, *(s.grid for s in sampler_sites(module.graph))},
+        )
     )
+    # each node computed by the quantized model from the program's own values upstream of it
+    own, _ = conditional_values(record, values)
     rows: list[dict[str, Any]] = []
     first: dict[str, Any] | None = None
     for instruction, backend, entry, pairs in calls:
@@ -444,13 +487,14 @@ def localize(
         local: list[dict[str, Any]] = []
         for k, (value, name) in enumerate(pairs):
             node = references.nodes.get(name)
+            spread = envelope.node(name) if envelope is not None else ([], [])
             figures = _judge_call_output(
-                value, references.quantized.get(name), node, tolerance, float_export
+                value, references.quantized.get(name), node, tolerance, float_export, spread
             )
             if figures is None:
                 continue
             judged.append({"output": k, "node": name, **figures})
-            mine = _judge_call_output(value, own.get(name), node, tolerance, float_export)
+            mine = _judge_call_output(value, own.get(name), node, tolerance, float_export, spread)
             if mine is not None:
                 local.append(mine)
         if judged:
@@ -461,7 +505,7 @@ def localize(
                     "psnr_db": worst["psnr_db"],
                     "max_steps": worst.get("max_steps"),
                     "max_abs_error": worst["max_abs_error"],
-                    "fraction_over": worst["fraction_over"],
+                    "mean_steps": worst.get("mean_steps"),
                     "passes": all(j["passes"] for j in judged),
                 }
             )
@@ -479,6 +523,15 @@ def localize(
         if first is None and row.get("passes") is False:
             row["first_failing"] = True
             first = dict(row)
+    coordinates = judge_coordinates(
+        record, values, references, envelope, module.graph, tolerance.coordinate_bias_px
+    )
+    wrong_place = next((c for c in coordinates if not c["passes"]), None)
+    if first is None and wrong_place is not None:
+        row = next(r for r in rows if wrong_place["node"] in _names(r, calls))
+        row["first_failing"] = True
+        first = {**row, "passes": False, "reasons": wrong_place["reasons"]}
+        first["source"] = _source_line(references.nodes.get(wrong_place["node"]))
     if first is not None and first.get("own_inputs", {}).get("passes"):
         # within tolerance on its own inputs: it carries a difference from upstream
         wrong = next((r for r in rows if r.get("own_inputs", {}).get("passes") is False), None)
@@ -486,87 +539,15 @@ def localize(
     note = None
     if not any("passes" in row for row in rows):
         note = "no delegate call's output maps to a node of the quantized graph"
-    own_outputs = _outputs_on_own_inputs(
-        program_outputs, output_names, own, references.nodes, io_params, tolerance, float_export
-    )
-    return first, rows, note, own_outputs
+    return first, rows, note, coordinates
 
 
-def _outputs_on_own_inputs(
-    outputs: Sequence[torch.Tensor] | None,
-    names: Sequence[str | None],
-    own: Mapping[str, Any],
-    nodes: Mapping[str, torch.fx.Node],
-    io_params: Mapping[str, Any],
-    tolerance: VerifyTolerance,
-    float_export: bool,
-) -> list[dict[str, Any]]:
-    """Each program output (dequantized, as the verdict judges it) against the quantized
-    model's value of it computed from the program's own values upstream (the last delegate
-    calls' outputs): ``judge_tensor``'s figures, or ``{"compared": False}``."""
-    judged: list[dict[str, Any]] = []
-    entries = io_params.get("outputs", [])
-    for k, (value, name) in enumerate(zip(outputs or [], names, strict=False)):
-        reference = own.get(name) if name else None
-        if not isinstance(reference, torch.Tensor) or reference.numel() != value.numel():
-            judged.append({"output": k, "compared": False})
-            continue
-        if not reference.dtype.is_floating_point:
-            qparams = quantize_qparams(nodes.get(name or ""))
-            if qparams is None:
-                judged.append({"output": k, "compared": False})
-                continue
-            reference = (reference.double() - qparams[1]) * qparams[0]
-        entry = entries[k] if k < len(entries) else {}
-        step = _output_step(entry)
-        figures = judge_tensor(
-            value.double().contiguous().reshape(reference.shape),
-            reference.double(),
-            step,
-            tolerance,
-            float_reference=float_export,
-        )
-        judged.append({"output": k, "node": name, "compared": True, **figures})
-    return judged
-
-
-def accept_amplified_rounding(
-    verdict: dict[str, Any], rows: Sequence[Mapping[str, Any]], own_outputs: Sequence[Any]
-) -> bool:
-    """Passes the failing outputs of ``verdict`` (in place) when the program is right op by op:
-    every delegate call that could be compared is within tolerance on its own inputs (the
-    quantized model's ops run on the program's values upstream of it), and so is every program
-    output; an op outside the delegates that went wrong would put the next call, or the output,
-    off on its own inputs. What is left is the model amplifying the per-op rounding the
-    tolerance allows (a nearest sampler at a computed grid picks other pixels where a one-step
-    difference upstream crosses a pixel boundary). Returns whether it passed them."""
-    compared = [r for r in rows if "own_inputs" in r]
-    if not compared or any(not r["own_inputs"]["passes"] for r in compared):
-        return False
-    if any("own_inputs" not in r for r in rows if "passes" in r):
-        return False
-    failing = [o for o in verdict.get("outputs", []) if not o.get("passes", True)]
-    by_index = {o["output"]: o for o in own_outputs}
-    if not failing or any(
-        not by_index.get(o["output"], {}).get("compared") or not by_index[o["output"]].get("passes")
-        for o in failing
-    ):
-        return False
-    first = next((r["instruction"] for r in rows if r.get("passes") is False), None)
-    for o in failing:
-        mine = by_index[o["output"]]
-        o["passes"] = True
-        o["rounding_reasons"] = o.pop("reasons", [])
-        o["accepted"] = (
-            "every delegate call and this output within tolerance on their own inputs (the "
-            "quantized model's ops run on the program's values upstream; this output "
-            f"{'identical' if mine['psnr_db'] is None else format(mine['psnr_db'], '.2f') + ' dB'}"
-            "): the model amplifies per-op rounding"
-            + ("" if first is None else f", first past the tolerance at instruction {first}")
-        )
-    verdict["result"] = "pass"
-    verdict["failing_outputs"] = []
-    return True
+def _names(row: Mapping[str, Any], calls: Sequence[Any]) -> set[str]:
+    """The node names a call row's instruction writes."""
+    for instruction, _backend, _entry, pairs in calls:
+        if instruction == row["instruction"]:
+            return {n for _v, n in pairs if n}
+    return set()
 
 
 def _judge_call_output(
@@ -575,21 +556,32 @@ def _judge_call_output(
     node: torch.fx.Node | None,
     tolerance: VerifyTolerance,
     float_export: bool,
+    spread: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], []),
 ) -> dict[str, Any] | None:
     """A delegate call's output ``value`` against ``reference`` (the value of the quantized
-    graph's ``node``): ``judge_tensor``'s figures, in steps of the node's scale for an integer
-    output; ``None`` where the two cannot be compared."""
+    graph's ``node``) and that node's envelope values (``spread``: dithered, modes):
+    ``judge_tensor``'s figures, in steps of the node's scale for an integer output; ``None``
+    where the two cannot be compared."""
     if not isinstance(value, torch.Tensor) or not isinstance(reference, torch.Tensor):
         return None
     if value.numel() != reference.numel():
         return None
     qparams = quantize_qparams(node)
+    dithered, modes = spread
     if qparams is not None and not value.dtype.is_floating_point:
         scale, zero_point = qparams
-        actual = (value.double() - zero_point) * scale
-        expected = (reference.double() - zero_point) * scale
+
+        def real(t: torch.Tensor) -> torch.Tensor:
+            return (t.double() - zero_point) * scale
+
+        expected = real(reference)
         return judge_tensor(
-            actual.reshape(expected.shape), expected, _judged_step(value, scale), tolerance
+            real(value).reshape(expected.shape),
+            expected,
+            scale,
+            tolerance,
+            envelope=[real(d) for d in dithered],
+            modes=[real(d) for d in modes],
         )
     if value.dtype.is_floating_point:
         return judge_tensor(
@@ -597,33 +589,23 @@ def _judge_call_output(
             reference.double(),
             None,
             tolerance,
+            envelope=[d.double() for d in dithered if d.dtype.is_floating_point],
+            modes=[d.double() for d in modes if d.dtype.is_floating_point],
             float_reference=float_export,
         )
     return None
 
 
 def _output_step(entry: Mapping[str, Any]) -> float | None:
-    """The step a program output is judged in (``_judged_step``), from its
-    ``io_quant_params.json`` entry; ``None`` for a float output."""
-    scale, dtype = entry.get("scale"), getattr(torch, str(entry.get("dtype")), torch.int8)
-    return None if scale is None else _judged_step(torch.empty(0, dtype=dtype), float(scale))
+    """The step a program output is judged in (its scale), from its ``io_quant_params.json``
+    entry; ``None`` for a float output."""
+    scale = entry.get("scale")
+    return None if scale is None else float(scale)
 
 
 def _worst(judged: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     """Of a call's judged outputs, a failing one first, then the one most steps off."""
     return min(judged, key=lambda j: (j["passes"], -(j.get("max_steps") or 0)))
-
-
-def _judged_step(value: torch.Tensor, scale: float) -> float:
-    """The step an integer output (of the program or of a delegate call) is judged in: its own
-    for 8 bits; for wider types the step of the same range in 8 bits (the tolerance's steps are
-    8-bit steps: an int16 grid computed in float on two backends is a few of its own steps
-    apart, 0.0003 of the range, as RAFT's lookup grids measured 16 steps and 78.8 dB; an int16
-    affine grid returned by the program moves by up to 82 of its steps, 0.32 8-bit steps, when
-    the int8 theta it is computed from rounds one step apart). ``value``: a tensor of the
-    output's dtype, which says the width (float: judged in ``scale``)."""
-    bits = torch.iinfo(value.dtype).bits if not value.dtype.is_floating_point else 8
-    return scale * 2.0 ** max(0, bits - 8)
 
 
 def _runner_outputs(calls: Sequence[Any]) -> list[tuple[int, str, list[torch.Tensor]]]:
@@ -647,7 +629,7 @@ def _etdump_outputs(
     found: list[tuple[int, str, list[torch.Tensor]]] = []
     with tempfile.TemporaryDirectory(prefix="etkit-verdict-") as scratch:
         etdump, debug = Path(scratch) / "run.etdp", Path(scratch) / "run.debug"
-        run_with_etdump(folder / "model.pte", inputs, etdump, debug)
+        run_with_etdump(folder / "model.pte", inputs, etdump, debug, isolated=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             inspector = Inspector(

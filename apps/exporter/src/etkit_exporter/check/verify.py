@@ -15,10 +15,10 @@ from executorch.runtime import Runtime
 from etkit_exporter.check.metrics import psnr
 from etkit_exporter.check.pictures import is_image_like, write_panel
 from etkit_exporter.check.verdict import (
-    accept_amplified_rounding,
     check_tolerance,
+    judge_calls,
     judge_outputs,
-    localize,
+    output_envelope,
 )
 from etkit_exporter.core.backend_ids import GRID_SAMPLER_BACKEND, VGF_BACKEND
 from etkit_exporter.core.diagnostics import capture_native_log
@@ -310,13 +310,14 @@ def verify_run(
     verification: dict[str, Any] = {"runner": runner, "comparisons": comparisons}
     if rows is not None:
         verification["delegates"] = rows
+    envelope = None if float_export else output_envelope(quantized_model, example_inputs, judged_by)
     verification["verdict"] = judge_outputs(
         actual,
         references["quantized PT2E model"],
         io_params["outputs"],
         judged_by,
+        envelope=envelope,
         float_export=float_export,
-        float_references=references["float model"],
     )
     return VerifiedRun(verification, inputs, [y.clone() for y in raw], calls)
 
@@ -347,20 +348,18 @@ def verify_export(
         pictures=folder, tolerance=judged_by, float_export=float_export, delegates=delegates,
     )  # fmt: skip
     verdict = run.verification["verdict"]
-    if not run.passed:
-        actual = [
-            float_output(y, e) for y, e in zip(run.outputs, io_params["outputs"], strict=True)
-        ]
-        first, rows, note, own_outputs = localize(
-            folder, judged_by, run.delegate_calls, io_params, float_export=float_export,
-            program_outputs=actual,
-        )  # fmt: skip
+    first, rows, note, coordinates = judge_calls(
+        folder, judged_by, run.delegate_calls, io_params, float_export=float_export
+    )
+    verdict["coordinates"] = coordinates
+    wrong_places = [c for c in coordinates if not c["passes"]]
+    if wrong_places:
+        verdict["result"] = "fail"
+        verdict["failing_coordinates"] = [c["node"] for c in wrong_places]
+    if verdict["result"] == "fail":
         verdict["divergence"] = first
         verdict["delegate_calls"] = rows
-        verdict["outputs_on_own_inputs"] = own_outputs
         if note is not None:
             verdict["localization_note"] = note
-        elif judged_by.float_margin_db is not None:  # the rules beyond the step rules are on
-            accept_amplified_rounding(verdict, rows, own_outputs)
     write_node_data(folder, run.verification)  # Model Explorer per-node data, per delegate
     return run

@@ -39,6 +39,9 @@ OPTIONS: Final[dict[str, str]] = {
     "bundle": "bool",
     "scenario": "bool",
     "sampler_delegate": "bool",
+    "sizes": "str",
+    "dynamic_size": "str",
+    "qat_checkpoint": "str",
 }
 
 CONFIG_NAME: Final = "export.toml"

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import inspect
 import logging
-import math
 import os
 import re
 import signal
@@ -20,11 +17,25 @@ from typing import Any, NoReturn
 
 import torch
 
-from etkit_exporter.artifact.verdict_text import accepted_lines
+from etkit_exporter.artifact.staging import raise_stop_signal
+from etkit_exporter.artifact.verdict_text import envelope_lines, tolerance_text
 from etkit_exporter.cli.config import CONFIG_NAME, OPTIONS, render_config
+from etkit_exporter.cli.failures import (
+    OpenLine,
+    WithoutPartialGraphs,
+    cli_words,
+    print_failure,
+    refusal,
+)
 from etkit_exporter.cli.main import ArgumentParser, quiet_third_party_noise
 from etkit_exporter.cli.main import version_line as _version_line
-from etkit_exporter.core.diagnostics import root_cause
+from etkit_exporter.cli.models import (
+    ModelError,
+    UsageError,
+    load_inputs,
+    load_model,
+)
+from etkit_exporter.core.diagnostics import reason_line
 
 # The pipeline and the modules that import ExecuTorch's backends are imported in the functions
 # that use them: importing them takes 11 s beyond torch here, and prints torchao's and ExecuTorch's
@@ -52,14 +63,6 @@ ExecuTorch 1.5.1 computes uint8 wrongly in XNNPACK and cannot lower it for VGF),
 M integer and N fraction bits, 8 bits when M+N < 8, else 16), float (leave that input/output float).
 exit status: 0 exported, 1 the export failed, 2 usage error (each with a one-line reason on stderr).
 """
-
-
-class UsageError(Exception):
-    """A mistake in the command line."""
-
-
-class ModelError(Exception):
-    """The user's model could not be built (its factory raised)."""
 
 
 class _Parser(ArgumentParser):
@@ -154,11 +157,10 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--verify-tolerance", metavar="KEY=N,...",
-        help="the verdict's tolerance against the quantized PT2E model (implies --verify): "
-        "psnr (dB floor), steps and fraction (at most that share of values more than that many "
-        "steps off), bias (mean error, steps), float-error (float outputs: share of the range), "
-        "float-psnr (float exports); default psnr=36,steps=2,fraction=0.1,bias=0.5,"
-        "float-error=0.02,float-psnr=60",
+        help="the verdict's settings (implies --verify): samples (runs of the rounding "
+        "envelope), band (steps from a rounding boundary a quantize may round the other way), "
+        "coordinate-bias (px), float-psnr (float exports), max-steps (a cap on every value, or "
+        "off); default samples=16,band=0.02,coordinate-bias=0.125,float-psnr=60,max-steps=off",
     )  # fmt: skip
     parser.add_argument(
         "--bundle", "--bundleio", action="store_true",
@@ -174,6 +176,22 @@ def _parser() -> argparse.ArgumentParser:
         "--sampler-delegate", action="store_true",
         help="vgf: keep the grid samplers in etkit's own delegate between VGF delegates (the "
         "device then needs etkit's C++ backend) instead of inside the VGF as compute segments",
+    )  # fmt: skip
+    parser.add_argument(
+        "--qat-checkpoint", metavar="FILE",
+        help="export a QAT-trained model: FILE holds the state_dict() of the module "
+        "etkit_exporter.qat_prepare made from --model with these options (target, "
+        "--calibration, --quant-*); nothing is calibrated again",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sizes", metavar="HxW,...",
+        help="export for these input sizes, one method each in one program (forward_540x960, "
+        "...; forward is the first), e.g. 540x960,720x1280",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dynamic-size", metavar="HMIN-HMAXxWMIN-WMAX[/M]",
+        help="xnnpack: one method for every height and width in the range (a multiple of M), "
+        "e.g. 256-1088x256-1920/64",
     )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="debug logs of etkit and Arm")
     return parser
@@ -208,220 +226,6 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split("x"))
 
 
-def load_model(
-    spec: str, shapes: list[tuple[int, ...]], inputs: tuple[torch.Tensor, ...] | None = None
-) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    """The model ``spec`` names and its example inputs: ``module:factory`` or
-    ``file.py:factory`` (the factory returns the module, or the module and its example inputs),
-    ``file.py`` (defining ``ModelUnderTest`` and ``ModelInputs``, the convention of ExecuTorch's
-    Arm compiler) or ``file.pt2`` (``torch.export.save``: its module and example inputs).
-    ``inputs`` (from ``--inputs``), or random example inputs in [-1, 1] made from ``shapes``,
-    replace the model's own."""
-    for shape in shapes:
-        _check_fits_in_memory(shape)
-    given = _Given(shapes, inputs)
-    if spec.endswith(".pt2"):
-        return _load_pt2(Path(spec), given)
-    path_spec, _, attribute = spec.partition(":") if ".py:" in spec else (spec, "", "")
-    if path_spec.endswith(".py"):
-        module = _import_file(Path(path_spec))
-        if not attribute:
-            return _module_under_test(module, path_spec, given)
-        return _call_factory(module, path_spec, attribute, spec, given)
-    if ":" not in spec:
-        raise UsageError(
-            f"--model '{spec}' must be package.module:factory, file.py[:factory] or file.pt2"
-        )
-    module_name, factory_name = spec.split(":", 1)
-    searched = _search_first(Path.cwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise UsageError(
-            f"cannot import --model module '{module_name}': {error} (looked in {searched} and "
-            "the installed packages); run from the folder that holds it or add that folder "
-            "to PYTHONPATH"
-        ) from error
-    except Exception as error:
-        raise UsageError(
-            f"importing --model module '{module_name}' raised {root_cause(error)}; fix the module"
-        ) from error
-    return _call_factory(module, module_name, factory_name, spec, given)
-
-
-class _Given:
-    """Example inputs given on the command line (``--inputs``, ``--input-shape``), if any."""
-
-    def __init__(self, shapes: list[tuple[int, ...]], inputs: tuple[torch.Tensor, ...] | None):
-        self.shapes, self.inputs = shapes, inputs
-
-    def __bool__(self) -> bool:
-        return bool(self.shapes) or self.inputs is not None
-
-    def make(self) -> tuple[torch.Tensor, ...]:
-        """Made after the model (whose construction may draw random numbers)."""
-        return self.inputs if self.inputs is not None else _random_inputs(self.shapes)
-
-
-def _search_first(*folders: Path) -> str:
-    """Puts ``folders`` first on ``sys.path``, as Python does for a program it runs (``python -m``
-    the working folder, ``python FILE.py`` the file's folder; ExecuTorch's Arm compiler runs
-    with ``-m``), so that a model imports the modules beside it. Returns where it looked, for
-    an error message."""
-    for folder in reversed(folders):
-        entry = str(folder.resolve())
-        if entry in sys.path:
-            sys.path.remove(entry)
-        sys.path.insert(0, entry)
-    places = [f"the working folder {Path.cwd()}" if f == Path.cwd() else str(f) for f in folders]
-    return ", ".join(dict.fromkeys(places))
-
-
-def _import_file(path: Path) -> Any:
-    if not path.is_file():
-        raise UsageError(f"--model file {path} does not exist")
-    searched = _search_first(path.resolve().parent, Path.cwd())
-    name = f"_etkit_user_model_{abs(hash(str(path.resolve())))}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise UsageError(f"--model file {path} cannot be imported as Python")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as error:
-        del sys.modules[name]
-        if isinstance(error, ModuleNotFoundError):
-            raise UsageError(
-                f"running --model file {path} raised {root_cause(error)} (looked in {searched} "
-                f"and the installed packages); put that module beside {path.name} or add its "
-                "folder to PYTHONPATH"
-            ) from error
-        raise UsageError(
-            f"running --model file {path} raised {root_cause(error)}; fix the file"
-        ) from error
-    return module
-
-
-def _module_under_test(
-    module: Any, path: str, given: _Given
-) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    model = getattr(module, "ModelUnderTest", None)
-    if not isinstance(model, torch.nn.Module):
-        raise UsageError(
-            f"--model file {path} defines no ModelUnderTest module: define ModelUnderTest "
-            "(a torch.nn.Module instance) and ModelInputs, or name a factory as "
-            f"{path}:FACTORY"
-        )
-    if given:
-        return model, given.make()
-    inputs = getattr(module, "ModelInputs", None)
-    if inputs is None:
-        raise UsageError(f"--model file {path} defines no ModelInputs: define it or give --inputs")
-    return model, inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(
-        inputs, list
-    ) else (inputs,)
-
-
-def _load_pt2(path: Path, given: _Given) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    if not path.is_file():
-        raise UsageError(f"--model file {path} does not exist")
-    try:
-        program = torch.export.load(path)
-    except Exception as error:
-        raise UsageError(
-            f"--model {path} is not a program written by torch.export.save ({root_cause(error)})"
-        ) from error
-    module = program.module()
-    # The program's train/eval mode was fixed when it was exported; its module refuses
-    # .train()/.eval(), which every export calls: give it back the plain Module methods.
-    for name in ("train", "eval"):
-        module.__dict__.pop(name, None)
-    if given:
-        return module, given.make()
-    example = program.example_inputs
-    if example is None or example[1]:
-        raise UsageError(
-            f"--model {path} holds no positional example inputs: give --inputs or --input-shape"
-        )
-    return module, tuple(example[0])
-
-
-def _random_inputs(shapes: list[tuple[int, ...]]) -> tuple[torch.Tensor, ...]:
-    torch.manual_seed(0)
-    return tuple(torch.rand(shape) * 2 - 1 for shape in shapes)
-
-
-def load_inputs(path: Path) -> tuple[torch.Tensor, ...]:
-    """Example inputs from ``path``: a ``.pt`` holding a tensor or a tuple/list of tensors, or a
-    ``.npz`` (arrays in the order saved)."""
-    if not path.is_file():
-        raise UsageError(f"--inputs {path} does not exist")
-    try:
-        if path.suffix == ".npz":
-            import numpy as np
-
-            with np.load(path, allow_pickle=False) as data:
-                values: Any = [torch.from_numpy(data[name].copy()) for name in data.files]
-        elif path.suffix == ".pt":
-            values = torch.load(path, map_location="cpu", weights_only=True)
-        else:
-            raise UsageError(f"--inputs {path}: give a .pt or .npz file")
-    except UsageError:
-        raise
-    except Exception as error:
-        raise UsageError(f"--inputs {path} cannot be read: {root_cause(error)}") from error
-    values = values if isinstance(values, list | tuple) else [values]
-    if not values or not all(isinstance(v, torch.Tensor) for v in values):
-        kinds = ", ".join(type(v).__name__ for v in values) or "nothing"
-        raise UsageError(f"--inputs {path} must hold tensors (one per model input), got {kinds}")
-    return tuple(v if v.dtype != torch.float64 else v.float() for v in values)
-
-
-def _call_factory(
-    module: Any, where: str, factory_name: str, spec: str, given: _Given
-) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    factory = getattr(module, factory_name, None)
-    if factory is None:
-        raise UsageError(f"--model module '{where}' has no '{factory_name}'")
-    if not callable(factory):
-        raise UsageError(
-            f"--model '{spec}' is a {type(factory).__name__}, not a callable factory that returns "
-            "the model (or the model and its example inputs)"
-        )
-    try:
-        made = factory()
-    except Exception as error:
-        raise ModelError(f"--model factory '{spec}' raised {root_cause(error)}") from error
-    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
-        model, inputs = made
-        inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
-        return model, given.make() if given else inputs
-    if not isinstance(made, torch.nn.Module):
-        raise UsageError(f"--model factory returned {type(made).__name__}, not a torch.nn.Module")
-    if not given:
-        raise UsageError(
-            "--model factory returned only the module: give --inputs FILE or --input-shape per "
-            "input"
-        )
-    return made, given.make()
-
-
-def _check_fits_in_memory(shape: tuple[int, ...]) -> None:
-    """Refuses an ``--input-shape`` whose float32 tensor alone exceeds this machine's memory."""
-    needed = 4 * math.prod(shape)
-    try:
-        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return
-    if needed > available:
-        text = "x".join(map(str, shape))
-        raise UsageError(
-            f"--input-shape {text} needs {needed / 2**30:.1f} GiB for one float32 tensor; this "
-            f"machine has {available / 2**30:.1f} GiB: give a smaller shape"
-        )
-
-
 class _TerminalOutput:
     """Where progress goes, and whether it is a terminal (one updating line) or not."""
 
@@ -431,9 +235,12 @@ class _TerminalOutput:
 
 
 class _Progress(_TerminalOutput):
-    """Stage progress: one updating line on a terminal, plain lines otherwise."""
+    """Stage progress: one updating line on a terminal, plain lines otherwise. A Ctrl-C whose
+    ``KeyboardInterrupt`` Python lost inside the stage (in a finalizer) stops the export here,
+    before the next stage (``raise_stop_signal``)."""
 
     def __call__(self, stage: str, seconds: float) -> None:
+        raise_stop_signal()
         if self.tty:
             self.stream.write(f"\r\033[K  {stage:<26} done in {seconds:6.2f} s")
             self.stream.write("\n" if stage in ("serialize", "verify", "bundle") else "")
@@ -492,10 +299,8 @@ def _summary(result: Any, seconds: float) -> str:
         verdict = result.verification.get("verdict") or {}
         tolerance = verdict.get("tolerance") or {}
         lines.append(
-            f"verification ({runner}): {verdict.get('result', 'no verdict')} (tolerance: PSNR >= "
-            f"{tolerance.get('min_psnr_db', 0):g} dB, at most "
-            f"{100 * tolerance.get('max_fraction', 0):g} % of values more than "
-            f"{tolerance.get('steps', 0):g} steps off)"
+            f"verification ({runner}): {verdict.get('result', 'no verdict')} "
+            f"({tolerance_text(tolerance)})"
         )
         for c in result.verification["comparisons"]:
             steps = f", {c['max_steps']} steps max" if "max_steps" in c else ""
@@ -505,7 +310,7 @@ def _summary(result: Any, seconds: float) -> str:
                 + ("inf (identical)" if c["psnr_db"] is None else f"{c['psnr_db']:.2f} dB")
                 + steps
             )
-        lines += [f"  {line}" for line in accepted_lines(verdict)]
+        lines += [f"  {line}" for line in envelope_lines(verdict)]
     lines.append("artifacts:")
     names = ("model.pte", "model.bpte", "io_quant_params.json", "report.json", "report.md",
              "export.toml")  # fmt: skip
@@ -545,7 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if text is not None
         }
         calibration = _calibration_from(args, model, inputs)
+        qat = _qat_options(args, ins, outs, samplers, calibration)  # these prepare a QAT model
+        if qat is not None:
+            ins = outs = calibration = None
+            samplers = {}
         tolerance = _tolerance_from(args)
+        from etkit_exporter.export.sizes import size_options
+
+        sized = size_options(args.sizes, args.dynamic_size)
         out = args.out if args.out is not None else Path("artifacts") / f"{name}-{args.target}"
         destination = check_destination(out, args.force)
     except (UsageError, ValueError, FileExistsError) as error:
@@ -561,11 +373,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     stderr = sys.stderr
     if not args.verbose:
-        sys.stderr = _WithoutPartialGraphs(stderr)
+        sys.stderr = WithoutPartialGraphs(stderr)
     print(f"exporting {name} for {args.target} into {out}", flush=True)
     for note in destination.notes:
         print(f"note: {note}", flush=True)
+    progress = OpenLine(sys.stdout)
     try:
+        if qat is not None:  # the float model prepared as it trained, the checkpoint loaded
+            model = _qat_model(args, model, inputs, qat, _SampleProgress(progress))
         result = export_model(
             model,
             inputs,
@@ -573,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             quantized_input_qspecs=ins,
             quantized_output_qspecs=outs,
             calibration=calibration,
-            on_calibration_sample=_SampleProgress(sys.stdout),
+            on_calibration_sample=_SampleProgress(progress),
             enable_pt2e_quantization=not args.no_quant,
             **samplers,
             target=args.target,
@@ -585,23 +400,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             bundle=args.bundle,
             scenario=args.scenario,
             sampler_delegate=args.sampler_delegate,
+            **sized,
             force=args.force,
-            on_stage=_Progress(sys.stdout),
+            on_stage=_Progress(progress),
             extra_artifacts={CONFIG_NAME: render_config(_config_of(args, name, out)).encode()},
         )
     except (TypeError, ValueError, FileExistsError) as error:
-        print(f"etkit-export: usage error: {_cli_words(error)}".splitlines()[0], file=sys.stderr)
+        print_failure(stderr, progress, [f"usage error: {reason_line(cli_words(error))}"])
         return 2
     except VerificationError as error:  # one line per fact: what failed, by how much, where
-        for line in str(error).splitlines():
-            print(f"etkit-export: {line}", file=sys.stderr)
+        print_failure(stderr, progress, str(error).splitlines())
         return 1
     except ExportError as error:
+        refused = refusal(error)
+        if refused is not None:  # an option the target cannot honour, refused before calibration
+            print_failure(stderr, progress, [f"usage error: {refused}"])
+            return 2
+        progress.end_line()
         if args.verbose:
-            traceback.print_exception(error, file=sys.stderr)
-        print(f"etkit-export: export failed: {error}".splitlines()[0], file=sys.stderr)
+            traceback.print_exception(error, file=stderr)
+        print_failure(stderr, progress, [f"export failed: {reason_line(str(error))}"])
         if not args.verbose:
-            print("  (--verbose shows the whole chain of errors)", file=sys.stderr)
+            print("  (--verbose shows the whole chain of errors)", file=stderr, flush=True)
         return 1
     except (KeyboardInterrupt, SystemExit) as stop:
         if isinstance(stop, SystemExit) and stop.code != 128 + signal.SIGTERM:
@@ -615,6 +435,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _qat_options(
+    args: argparse.Namespace,
+    ins: list[Any] | None,
+    outs: list[Any] | None,
+    samplers: dict[str, Any],
+    calibration: list[tuple[torch.Tensor, ...]] | None,
+) -> dict[str, Any] | None:
+    """With ``--qat-checkpoint``: the quantization options, which prepare the model for QAT as
+    ``qat_prepare`` prepared it for training (``None`` without it)."""
+    if args.qat_checkpoint is None:
+        return None
+    if args.no_quant:
+        raise UsageError("--qat-checkpoint exports a quantized model: drop --no-quant")
+    if not Path(args.qat_checkpoint).is_file():
+        raise UsageError(f"--qat-checkpoint {args.qat_checkpoint} does not exist")
+    return {
+        "quantized_input_qspecs": ins,
+        "quantized_output_qspecs": outs,
+        "calibration": calibration,
+        **samplers,
+    }
+
+
+def _qat_model(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    options: dict[str, Any],
+    on_sample: Any,
+) -> torch.nn.Module:
+    """The QAT module ``qat_prepare`` makes of ``model`` with the export's options, the trained
+    state of ``--qat-checkpoint`` loaded (``export.qat.prepared_from_checkpoint``)."""
+    from etkit_exporter.export.qat import prepared_from_checkpoint
+
+    return prepared_from_checkpoint(
+        model,
+        inputs,
+        args.qat_checkpoint,
+        target=args.target,
+        tosa_spec=args.tosa_spec,
+        grid_math=args.grid_math or "float",
+        on_calibration_sample=on_sample,
+        **options,
+    )
+
+
 def _tolerance_from(args: argparse.Namespace) -> Any:
     """``--verify-tolerance`` as a ``VerifyTolerance`` (``None`` when not given)."""
     if args.verify_tolerance is None:
@@ -625,40 +491,6 @@ def _tolerance_from(args: argparse.Namespace) -> Any:
         return parse_tolerance(args.verify_tolerance)
     except ValueError as error:
         raise UsageError(f"--verify-tolerance: {error}") from error
-
-
-class _WithoutPartialGraphs:
-    """A stream (stderr) that drops the partial graph ``torch.export`` prints before it raises
-    on data-dependent control flow (``class GraphModule(torch.nn.Module): ...``, dozens of lines
-    before the export's one-line error; ``--verbose`` keeps it)."""
-
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
-        self._dropped = False
-
-    def write(self, text: str) -> int:
-        dropped, self._dropped = self._dropped, text.startswith("class GraphModule(")
-        if self._dropped or (dropped and text == "\n"):  # print writes its end on its own
-            return len(text)
-        return int(self._stream.write(text))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-
-def _cli_words(error: BaseException) -> str:
-    """``error``'s message in the command's words where the API's differ."""
-    from etkit_exporter.export.arguments import QspecCountError
-
-    if isinstance(error, QspecCountError):
-        option = f"--quant-{error.boundary}"
-        return (
-            f"{option} is given {error.given} time{'' if error.given == 1 else 's'} but the "
-            f"model has {error.count} "
-            f"{error.boundary}{'' if error.count == 1 else 's'}: give one {option} per "
-            f"{error.boundary}, in order ('float' leaves one in float)"
-        )
-    return str(error)
 
 
 def _calibration_from(

@@ -107,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
                      "executorch.runtime runs the program (XNNPACK exports), else a Chrome "
                      "trace at PATH with suffix .json (VGF exports, run by etkit's "
                      "runner)")  # fmt: skip
+    run.add_argument("--method", metavar="NAME",
+                     help="the method to run (default forward; an export of several sizes "
+                     "has forward_540x960 and the like: etkit inspect lists them)")  # fmt: skip
+    run.add_argument("--size", metavar="HxW",
+                     help="run the method of this size (an export of several sizes), or check "
+                     "the inputs are this size (a size range)")  # fmt: skip
     inspect = commands.add_parser(
         "inspect",
         help="per operator and delegate of an export: time, and error against the quantized "
@@ -166,6 +172,8 @@ def _run(args: argparse.Namespace) -> int:
             backend_impl=args.backend_impl,
             image_range=args.image_range,
             etdump=args.etdump,
+            method=args.method,
+            size=args.size,
         )
     except (RunUsageError, CalibrationDataError) as error:
         print(f"etkit run: {error}".splitlines()[0], file=sys.stderr)
@@ -185,8 +193,9 @@ def _run(args: argparse.Namespace) -> int:
             f"({summary['trace_events']} events): {summary['trace']} (open in "
             "https://ui.perfetto.dev or chrome://tracing)"
         )
+    ran = "" if summary.get("method", "forward") == "forward" else f" {summary['method']}"
     print(
-        f"ran in {summary['runner']} in {summary['seconds']:.3f} s; wrote "
+        f"ran{ran} in {summary['runner']} in {summary['seconds']:.3f} s; wrote "
         f"{', '.join(summary['outputs'])} to {args.out}"
     )
     return 0

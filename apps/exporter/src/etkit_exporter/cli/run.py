@@ -120,10 +120,14 @@ def _checked_input(
     range of the input's quantization adds a warning to ``warnings`` (it is clipped)."""
     from etkit_exporter.core.io_params import program_input
 
-    if "shape" in entry and list(value.shape) != entry["shape"]:
+    if "shape" in entry and not _fits(list(value.shape), entry):
+        lower = entry.get("min_shape", entry["shape"])  # a dynamic size: any within bounds
+        takes = ", ".join(
+            str(a) if a == b else f"{a}..{b}" for a, b in zip(lower, entry["shape"], strict=True)
+        )
         raise RunUsageError(
             f"{source}: shape {list(value.shape)}, but input {entry['index']} ({entry['name']}) "
-            f"takes {entry['shape']}"
+            f"takes [{takes}]"
         )
     if value.dtype.is_floating_point and not bool(value.isfinite().all()):
         raise RunUsageError(
@@ -133,6 +137,60 @@ def _checked_input(
     if clipped is not None:
         warnings.append(clipped)
     return program_input(value, entry)
+
+
+def _fits(shape: list[int], entry: dict[str, Any]) -> bool:
+    """Whether ``shape`` is the one an io_quant_params.json ``entry`` takes: its ``shape``,
+    or with a ``min_shape`` (a dynamic size) any shape within the two."""
+    lower = entry.get("min_shape", entry["shape"])
+    if len(shape) != len(entry["shape"]) or len(lower) != len(shape):
+        return False
+    return all(a <= s <= b for s, a, b in zip(shape, lower, entry["shape"], strict=True))
+
+
+def methods_of(program: Any) -> list[str]:
+    """The methods of ``program`` (a ``PteProgram``) that take inputs: ``forward`` and, in an
+    export of several sizes, ``forward_540x960`` and the like (not the IO-parameter getters
+    such as ``input0_scale``)."""
+    return [name for name in program.method_names if program.method(name).inputs]
+
+
+def choose_method(program: Any, method: str | None, size: str | None) -> str:
+    """The method ``--method`` or ``--size HxW`` names (``forward`` when neither): the
+    method of that size in an export of several sizes, or ``forward`` when its inputs take
+    dynamic sizes. ``RunUsageError`` listing the program's methods otherwise."""
+    names = methods_of(program)
+    if method is not None and size is not None:
+        raise RunUsageError("give --method or --size, not both")
+    if method is not None:
+        if method not in names:
+            raise RunUsageError(
+                f"the program has no method {method!r}; its methods: {', '.join(names)}"
+            )
+        return method
+    if size is None:
+        return "forward"
+    text = size.strip().lower()
+    if f"forward_{text}" in names:
+        return f"forward_{text}"
+    sizes = {_size_of(program, name): name for name in names}
+    if text in sizes:
+        return sizes[text]  # forward: the first size of an export of several
+    if any(getattr(info, "dynamic", False) for info in program.method("forward").input_infos):
+        return "forward"  # a range: the inputs' sizes are checked against its bounds
+    raise RunUsageError(
+        f"the program has no method for size {size}; its sizes: "
+        + ", ".join(f"{s} ({name})" for s, name in sizes.items())
+    )
+
+
+def _size_of(program: Any, method: str) -> str:
+    """The height x width of ``method``'s first 4-D input ("" when it has none)."""
+    for info in program.method(method).input_infos:
+        sizes: tuple[int, ...] = tuple(getattr(info, "sizes", ()))
+        if len(sizes) == 4:
+            return f"{sizes[2]}x{sizes[3]}"
+    return ""
 
 
 def clipping_warning(value: torch.Tensor, entry: dict[str, Any], source: str) -> str | None:
@@ -168,13 +226,14 @@ def _check_program_inputs(
     entries: list[dict[str, Any]],
     sources: Sequence[Path],
     params_path: Path | None,
+    method: str = "forward",
 ) -> None:
     """Each value (as the program will get it) against the input the program declares: its
     dtype and, for static inputs, its shape. Refused naming the input, what was given and what
     it takes, before any runtime sees it (``executorch.runtime`` answers with an error code)."""
     from etkit_pterunner import TensorInfo, dtype_name
 
-    infos = program.method("forward").input_infos
+    infos = program.method(method).input_infos
     for value, info, entry, source in zip(values, infos, entries, sources, strict=True):
         if not isinstance(info, TensorInfo) or info.dtype is None:
             continue
@@ -289,9 +348,12 @@ def run_export(
     backend_impl: GridSamplerImpl = "cpu",
     image_range: tuple[float, float] = (-1.0, 1.0),
     etdump: Path | None = None,
+    method: str | None = None,
+    size: str | None = None,
 ) -> dict[str, Any]:
     """Runs ``pte`` (a ``.pte``, or an export's folder) on the files ``inputs`` and writes its
-    outputs into ``out`` (a new or empty folder). Returns a summary: outputs written, seconds
+    outputs into ``out`` (a new or empty folder): its ``forward``, or the method ``method``
+    names or the one of ``size`` (``choose_method``). Returns a summary: outputs written, seconds
     per delegate call, total seconds, what ran it, warnings (inputs clipped by their
     quantization, the runner's), and with ``etdump`` the profile written (module docstring)."""
     pte = resolve_program(pte)
@@ -307,12 +369,17 @@ def run_export(
 
     try:
         program = load_program(pte, grid_sampler_impl=backend_impl)
+        name = choose_method(program, method, size)
+        if etdump is not None and name != "forward":
+            raise RunUsageError(f"--etdump profiles forward only, not {name}")
         in_runtime = _runs_in_executorch_runtime(program, profile=etdump is not None)
         if not in_runtime:
-            program.check()
+            program.check(name)
     except PteError as error:
         raise RunUsageError(f"{pte}: {error}") from error
-    count = len(program.method("forward").inputs)
+    count = len(program.method(name).inputs)
+    if params and name in params.get("methods", {}):
+        params = params["methods"][name]  # that method's IO table
     entries = (
         params["inputs"] if params else [{"index": k, "name": f"input {k}"} for k in range(count)]
     )
@@ -323,12 +390,16 @@ def run_export(
         _checked_input(_read_input(path, image_range), entry, str(path), warnings)
         for path, entry in zip(inputs, entries, strict=True)
     ]
-    _check_program_inputs(values, program, entries, inputs, params_path if params else None)
+    _check_program_inputs(values, program, entries, inputs, params_path if params else None, name)
+    if size is not None and name == "forward" and values and values[0].dim() >= 3:
+        given = "x".join(str(s) for s in values[0].shape[-2:])
+        if given != size.strip().lower():
+            raise RunUsageError(f"--size {size}, but {inputs[0]} is {given}")
     if in_runtime:
-        outputs, summary = _run_in_executorch_runtime(pte, values, etdump)
+        outputs, summary = _run_in_executorch_runtime(pte, values, etdump, name)
     else:
         try:
-            result = program.run(values)
+            result = program.run(values, name)
         except PteError as error:
             raise RunUsageError(f"{pte}: {error}") from error
         outputs = list(result.outputs)
@@ -359,7 +430,7 @@ def run_export(
         if value.dim() == 4 and value.shape[1] in (1, 3, 4):
             _write_png(out / f"output_{k}.png", float_output(value, entry), image_range)
             written.append(f"output_{k}.png")
-    return {"outputs": written, **summary}
+    return {"outputs": written, "method": name, **summary}
 
 
 def _runs_in_executorch_runtime(program: Any, *, profile: bool) -> bool:
@@ -371,7 +442,7 @@ def _runs_in_executorch_runtime(program: Any, *, profile: bool) -> bool:
 
 
 def _run_in_executorch_runtime(
-    pte: Path, values: list[torch.Tensor], etdump: Path | None
+    pte: Path, values: list[torch.Tensor], etdump: Path | None, name: str = "forward"
 ) -> tuple[list[Any], dict[str, Any]]:
     """Runs ``pte`` in ``executorch.runtime``; with ``etdump``, profiled (ETDump and its debug
     buffer written, its delegate calls read back through the Inspector, with the export's
@@ -381,7 +452,7 @@ def _run_in_executorch_runtime(
     summary: dict[str, Any] = {"runner": "executorch.runtime", "warnings": []}
     try:
         if etdump is None:
-            method = runtime_method(pte)
+            method = runtime_method(pte, name)
             began = time.perf_counter()
             outputs = list(method.execute(values)) if method is not None else []
             summary.update(seconds=time.perf_counter() - began, delegate_calls=[])

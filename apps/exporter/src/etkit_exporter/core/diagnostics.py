@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 _PASS_NAME = re.compile(r"running the '([^']+)' pass")
 # Wrappers that name themselves instead of the pass that failed inside them.
@@ -51,9 +53,57 @@ def _first_line(text: str) -> str:
     return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 3] + "..."
 
 
+def reason_line(text: str) -> str:
+    """``text`` (an error's message) on one line, keeping its reason where the first line is only
+    a heading: a first line ending in ":" is joined with the next one, and the first error line
+    of a "Stderr:" section (a failed tool's own output: the Arm backend's "Vgf compiler failed."
+    is followed by lines "Repro command:", the command, "Stderr:" and model-converter's error)
+    is added after it."""
+    lines = [part.strip() for part in text.splitlines() if part.strip()]
+    if not lines:
+        return ""
+    line = lines[0]
+    if line.endswith(":") and len(lines) > 1 and lines[1].lower() != "stderr:":
+        line = f"{line} {lines[1]}"
+    heading = next((k for k, part in enumerate(lines) if part.lower() == "stderr:"), None)
+    if heading is not None:
+        section: list[str] = []
+        for part in lines[heading + 1 :]:
+            if part.lower() == "stdout:":
+                break
+            section.append(part)
+        said = _error_of(section)
+        if said:
+            line = f"{line} {said}" if line.endswith(":") else f"{line.rstrip('.')}; stderr: {said}"
+    return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 3] + "..."
+
+
+def _error_of(lines: list[str]) -> str:
+    """A tool's reason among its output lines: the first that says "error", else the first."""
+    return next((part for part in lines if "error" in part.lower()), next(iter(lines), ""))
+
+
+def _error_text(error: BaseException) -> str:
+    """``error``'s reason on one line. A failed subprocess (``CalledProcessError``, whose text
+    is only the command and the status) is named by its tool and status, with the error line of
+    what it wrote when that was captured."""
+    if not isinstance(error, subprocess.CalledProcessError):
+        return reason_line(str(error))
+    command = error.cmd[0] if isinstance(error.cmd, list | tuple) and error.cmd else error.cmd
+    tool = Path(str(command)).name or "a command"
+    said = ""
+    for output in (error.stderr, error.output):
+        text = output.decode(errors="replace") if isinstance(output, bytes) else output
+        if isinstance(text, str):
+            said = said or _error_of([p.strip() for p in text.splitlines() if p.strip()])
+    line = f"{tool} exited with status {error.returncode}" + (f": {said}" if said else "")
+    return line if len(line) <= _MAX_MESSAGE else line[: _MAX_MESSAGE - 3] + "..."
+
+
 def root_cause(error: BaseException) -> str:
-    """One line: the innermost error's type and first line of text, and the innermost pass
-    named on the way (torch's pass manager wraps a failing pass in an error that names it)."""
+    """One line: the innermost error's type and the reason in its text (``reason_line``: its
+    first line, with what a heading line introduces), and the innermost pass named on the way
+    (torch's pass manager wraps a failing pass in an error that names it)."""
     chain = exception_chain(error)
     passes = [
         name for e in chain for name in _PASS_NAME.findall(str(e)) if name not in _WRAPPER_PASSES
@@ -62,7 +112,7 @@ def root_cause(error: BaseException) -> str:
         (e for e in reversed(chain) if _first_line(str(e))),
         chain[-1],
     )
-    text = _first_line(str(innermost)) or "(no message)"
+    text = _error_text(innermost) or "(no message)"
     where = f" in pass {passes[-1]}" if passes else ""
     return f"{type(innermost).__name__}{where}: {text}"
 

@@ -101,7 +101,10 @@ def io_table(program: ExportedProgram, extracted: dict[str, dict[str, Any]]) -> 
             name = names[kind][index] if kind in names else node.name
             entry: dict[str, Any] = {"name": name, "index": index}
             if isinstance(value, torch.Tensor):
-                entry["shape"] = list(value.shape)
+                lower, upper = _shape_bounds(value)
+                entry["shape"] = upper  # a dynamic dimension: its upper bound, as planned
+                if lower != upper:
+                    entry["min_shape"] = lower
                 entry["dim_order"] = _dim_order(node, value)
                 entry["dtype"] = _dtype_name(value.dtype)
             params = by_index[kind].get(index)
@@ -118,6 +121,23 @@ def io_table(program: ExportedProgram, extracted: dict[str, dict[str, Any]]) -> 
             entry["texture"] = texture_view(entry)
             table[kind].append(entry)
     return table
+
+
+def _shape_bounds(value: torch.Tensor) -> tuple[list[int], list[int]]:
+    """The lower and upper bound of each dimension of ``value`` (a fake tensor whose sizes may be
+    symbolic: ``torch.export`` dynamic dimensions; equal for a fixed size)."""
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    lower, upper = [], []
+    for size in value.shape:
+        if isinstance(size, int) or size.node.expr.is_number:
+            lower.append(int(size))
+            upper.append(int(size))
+            continue
+        bounds = bound_sympy(size.node.expr, dict(size.node.shape_env.var_to_range))
+        lower.append(int(bounds.lower))
+        upper.append(int(bounds.upper))
+    return lower, upper
 
 
 def pte_io_layouts(pte: bytes, method: str = "forward") -> dict[str, list[dict[str, Any] | None]]:
@@ -146,13 +166,13 @@ def pte_io_layouts(pte: bytes, method: str = "forward") -> dict[str, list[dict[s
     }
 
 
-def with_pte_layouts(table: dict[str, Any], pte: bytes) -> dict[str, Any]:
+def with_pte_layouts(table: dict[str, Any], pte: bytes, method: str = "forward") -> dict[str, Any]:
     """``table`` (from ``io_table``) with each input's and output's dim order read from the
     serialized program ``pte``, the layout a caller must give and will receive. A dim order that
     differs from the table's is logged as a warning (the program's metadata and its
     serialization disagree: a layout was lost on the way). Raises ``ValueError`` when the
-    serialized forward method has other inputs or outputs (number or shapes) than the table."""
-    layouts = pte_io_layouts(pte)
+    serialized ``method`` has other inputs or outputs (number or shapes) than the table."""
+    layouts = pte_io_layouts(pte, method)
     result = copy.deepcopy(table)
     for kind in ("inputs", "outputs"):
         entries, found = result[kind], layouts[kind]

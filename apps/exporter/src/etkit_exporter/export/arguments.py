@@ -47,6 +47,17 @@ class QspecCountError(ValueError):
         )
 
 
+class UnproducibleQspecError(ValueError):
+    """A boundary qspec the target cannot produce where the model computes that boundary
+    (``export.quantization.refuse_unproducible_outputs``): ``boundary`` ("output 0"), ``qspec``
+    (its description) and ``op`` (the node that would have to write it). Raised before
+    calibration; the command line reports it as a usage error."""
+
+    def __init__(self, message: str, boundary: str, qspec: str, op: str) -> None:
+        self.boundary, self.qspec, self.op = boundary, qspec, op
+        super().__init__(message)
+
+
 class Calibrated:
     """The default of a grid-sampler qspec: chosen from the calibration data."""
 

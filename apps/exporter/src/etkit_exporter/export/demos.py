@@ -98,3 +98,48 @@ def resample() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
 
 
 DEMOS: dict[str, DemoFactory] = {"flow-warp": flow_warp, "stn": stn, "resample": resample}
+
+
+def moving_textures(
+    count: int,
+    height: int = 32,
+    width: int = 48,
+    *,
+    max_flow: float = 2.0,
+    seed: int = 0,
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Training data for the flow-warp demo, with a known answer: ``count`` triples ``(frame0,
+    frame1, flow)``, 1 x 3 x ``height`` x ``width`` frames in [-1, 1] of a smooth random texture
+    (noise at 1/4 and 1/8 of the size, upsampled bicubically) and ``flow`` (1 x 2 x H x W, in
+    pixels, x then y): a smooth random field up to ``max_flow`` pixels per axis (a translation
+    plus a gentle variation). ``frame1`` is ``frame0`` warped by ``flow``: ``frame1[p] =
+    frame0[p + flow[p]]`` (float ``grid_sample``, bilinear, border), so a model that warps
+    ``frame0`` by the right flow reproduces ``frame1``."""
+    generator = torch.Generator().manual_seed(seed)
+    samples = []
+    for _ in range(count):
+        texture = torch.zeros(1, 3, height, width)
+        for factor, weight in ((4, 0.7), (8, 0.5)):
+            coarse = torch.randn(
+                1, 3, max(height // factor, 2), max(width // factor, 2), generator=generator
+            )
+            texture += weight * F.interpolate(
+                coarse, (height, width), mode="bicubic", align_corners=False
+            )
+        frame0 = torch.tanh(texture)
+        shift = (torch.rand(1, 2, 1, 1, generator=generator) * 2 - 1) * 0.7 * max_flow
+        coarse = (torch.rand(1, 2, 3, 4, generator=generator) * 2 - 1) * 0.3 * max_flow
+        flow = shift + F.interpolate(coarse, (height, width), mode="bilinear", align_corners=True)
+        scale = torch.tensor([2 / width, 2 / height]).view(1, 2, 1, 1)
+        grid = pixel_grid_centres(height, width) + (flow * scale).permute(0, 2, 3, 1)
+        frame1 = F.grid_sample(frame0, grid, padding_mode="border", align_corners=False)
+        samples.append((frame0, frame1, flow))
+    return samples
+
+
+def pixel_grid_centres(height: int, width: int) -> torch.Tensor:
+    """The identity sampling grid of ``align_corners=False`` (pixel centres), 1 x H x W x 2."""
+    ys = (torch.arange(height, dtype=torch.float32) * 2 + 1) / height - 1
+    xs = (torch.arange(width, dtype=torch.float32) * 2 + 1) / width - 1
+    grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack((grid_x, grid_y), -1).unsqueeze(0)

@@ -3,6 +3,7 @@ integer-IO ExecuTorch program with its artifacts and report."""
 
 from __future__ import annotations
 
+import copy
 import errno
 import functools
 import json
@@ -34,6 +35,8 @@ from etkit_exporter.core.diagnostics import advice, root_cause
 from etkit_exporter.core.errors import ExportError
 from etkit_exporter.core.io_params import io_table, program_input, with_pte_layouts
 from etkit_exporter.core.version import __version__
+from etkit_exporter.export import methods as multi
+from etkit_exporter.export import sizes as sizing
 from etkit_exporter.export.activation_bounds import keep_activation_bounds
 from etkit_exporter.export.arguments import (
     CALIBRATED,
@@ -58,6 +61,7 @@ from etkit_exporter.export.lowering import (
     target_backend,
 )
 from etkit_exporter.export.provenance import shared_provenance
+from etkit_exporter.export.qat import QatExport, is_qat_model, qat_export
 from etkit_exporter.export.quantization import boundary_quantizer
 from etkit_exporter.programs import load_program
 from etkit_exporter.vgf.scenario import run_scenario
@@ -70,6 +74,7 @@ from etkit_gridsampler.vgf_shader import (
 )
 from etkit_layout import channels_last, pad_rgb_to_rgba, pin_delegate_layouts
 from etkit_partition import (
+    DetagDynamicReshapes,
     DetagInputQuantize,
     DetagOps,
     DetagOutputDequantize,
@@ -80,10 +85,12 @@ from etkit_partition import (
 )
 from etkit_quant import (
     BoundaryQuantizer,
+    ObserverStates,
     Saturation,
     boundary_fixed_qspecs,
     check_calibration,
     clipping_report,
+    observer_states,
 )
 from etkit_quant import quantize as quantize_model
 from etkit_quant.normalize import normalize_program
@@ -107,15 +114,21 @@ class ExportResult:
     verification: dict[str, Any] | None = None
     converted_model: torch.nn.Module | None = field(default=None, repr=False)
     saturation: tuple[Saturation, ...] = ()
+    sizes: dict[str, Any] | None = None  # report.json's "sizes": methods, bounds, bytes, verdicts
 
 
 class _Stages:
-    def __init__(self, callback: StageCallback | None) -> None:
-        self.timings: dict[str, float] = {}
-        self.callback = callback
+    def __init__(self, callback: StageCallback | None, suffix: str = "", timings: Any = None):
+        self.timings: dict[str, float] = {} if timings is None else timings
+        self.callback, self.suffix = callback, suffix
+
+    def at(self, label: str) -> _Stages:
+        """The stages at another size: ``capture [540x960]``, timed with these."""
+        return _Stages(self.callback, f" [{label}]", self.timings)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        name += self.suffix
         start = time.perf_counter()
         try:
             yield
@@ -169,6 +182,8 @@ def export_model(
     scenario: bool = False,
     sampler_delegate: bool = False,
     grid_math: str = "float",
+    sizes: Sequence[tuple[int, int]] | None = None,
+    dynamic_size: Sequence[Any] | None = None,
     force: bool = False,
     on_stage: StageCallback | None = None,
     on_calibration_sample: Callable[[int, int], None] | None = None,
@@ -217,6 +232,14 @@ def export_model(
     contract covers is a compute segment inside the VGF (``etkit_gridsampler.vgf_shader``), the
     report's ``grid_sampler_paths`` saying where each went.
 
+    Sizes (the README's "Sizes"; ``export.sizes``): ``sizes=[(540, 960), (720, 1280)]``: one
+    method per size in one program (``forward_540x960``, ...; ``forward`` the first size), each
+    captured at its size and quantized with what calibration at the example size observed;
+    ``dynamic_size=((256, 1088), (256, 1920), 64)`` (target "xnnpack"): one method ``forward``
+    for every height and width within the bounds that is a multiple of 64, captured once with
+    ``torch.export`` dynamic dimensions on each image input's height and width. ``verify``
+    judges every method (a range: its smallest, largest, an odd and the example size).
+
     Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``;
     ``artifact.staging.DestinationError``, a ``ValueError``, for an ``artifacts_root``
     etkit will not write or replace; calibration samples are checked one by one, the error naming
@@ -226,7 +249,21 @@ def export_model(
     previous export or the new one; a failing stage raises ``ExportError`` naming it (a full disk
     says so) and leaves nothing behind."""
     root = Path(artifacts_root)
+    qat = None
+    if is_qat_model(model):  # trained with QAT: its own quantization, nothing calibrated (qat.py)
+        qat = qat_export(model, target=target, tosa_spec=tosa_spec, given={
+            "quantized_input_qspecs": quantized_input_qspecs is not None,
+            "quantized_output_qspecs": quantized_output_qspecs is not None,
+            "grid_sampler_image_qspec": grid_sampler_image_qspec is not CALIBRATED,
+            "grid_sampler_grid_qspec": grid_sampler_grid_qspec is not CALIBRATED,
+            "grid_sampler_output_qspec": grid_sampler_output_qspec is not CALIBRATED,
+            "quantize_grid_sample_output=False": not quantize_grid_sample_output,
+            "calibration": calibration is not None,
+            "enable_pt2e_quantization=False": not enable_pt2e_quantization,
+        })  # fmt: skip
+        model, grid_math = qat.float_model, qat.grid_math or grid_math
     inputs = check_arguments(model, example_inputs, target)
+    plan = sizing.check_sizes(sizes, dynamic_size, inputs, target, qat=qat is not None)
     spec = check_tosa_spec(tosa_spec, target, enable_pt2e_quantization)
     if scenario and target != "vgf":
         raise ValueError(f"scenario applies to target 'vgf' only, not {target!r}")
@@ -235,6 +272,7 @@ def export_model(
     tolerance = check_tolerance(verify_tolerance)
     verify = verify or bundle or verify_tolerance is not None  # each implies a verification
     check_forward(model.eval(), inputs)
+    sizing.check_forward_at_sizes(model, inputs, plan)
     quant = QuantOptions(
         enabled=enable_pt2e_quantization,
         inputs=check_qspec_list(quantized_input_qspecs, "quantized_input_qspecs"),
@@ -269,6 +307,8 @@ def export_model(
                 scenario,
                 sampler_delegate=sampler_delegate,
                 tolerance=tolerance,
+                qat=qat,
+                plan=plan,
             )
             for name, data in extras.items():
                 (staging.path / name).write_bytes(data)
@@ -337,13 +377,22 @@ def _run(
     scenario: bool = False,
     sampler_delegate: bool = False,
     tolerance: Any = None,
+    qat: QatExport | None = None,
+    plan: sizing.SizePlan | None = None,
 ) -> ExportResult:
     """The stages in order, one job after another: quantize, lower, write the program (and
     load it), verify (and bundle), write the scenario and the report."""
     intermediates = intermediates_root or work / "intermediates"
     intermediates.mkdir(parents=True, exist_ok=True)
-    quantized = _quantize(model, inputs, intermediates, quant, target, tosa_spec, stages)
-    lowered = _lower(quantized, inputs, target, sampler_delegate, stages)
+    methods = multi.build_methods(  # forward first; with sizes, a method per size (export.methods)
+        plan, inputs, stages,
+        lambda ins, at, calibrated, name: _quantize(
+            model, ins, intermediates / name if name else intermediates, quant, target,
+            tosa_spec, at, qat, plan=plan, calibrated=calibrated,
+        ),
+        lambda q, ins, at: _lower(q, ins, target, sampler_delegate, at),
+    )  # fmt: skip
+    quantized, lowered, inputs = methods[0].quantized, methods[0].lowered, methods[0].inputs
     float_section = report_section(  # the edge program as lowered, before to_executorch
         lowered.manager.exported_program(),
         quantized=quant.enabled,
@@ -352,12 +401,19 @@ def _run(
     )
     for warning in float_section["warnings"]:
         logger.warning("%s", warning)
-    io_params = _write_program(lowered, quantized, inputs, work, intermediates, target, stages)
+    io_params = _write_program(
+        lowered, quantized, inputs, work, intermediates, target, stages, methods
+    )
     verification = None
     if verify:
         verification = _verify(
-            work, model, quantized, inputs, io_params, target, bundle, tolerance, quant, stages
-        )
+            work, model, quantized, inputs, io_params, target, bundle, tolerance, quant, stages,
+            qat,
+        )  # fmt: skip
+    sizes_section = multi.sizes_section(  # bytes, and every method or the range's sizes judged
+        work, model, methods, plan, target, verification, io_params, stages.stage,
+        tolerance=tolerance, float_export=not quant.enabled, intermediates=intermediates,
+    )  # fmt: skip
     scenario_section = None
     if scenario:  # the whole program as one Vulkan scenario (docs/scenario.md)
         with stages.stage("scenario"):
@@ -368,6 +424,10 @@ def _run(
         lowered, quantized, quant, target, io_params, verification, scenario_section,
         float_section, intermediates, stages,
     )  # fmt: skip
+    if qat is not None:
+        report["qat"] = qat.section(inputs)
+    if sizes_section is not None:
+        report["sizes"] = sizes_section
     write_report(report, work)
     return ExportResult(
         edge_program=lowered.manager.exported_program(),
@@ -379,6 +439,7 @@ def _run(
         verification=verification,
         converted_model=quantized.converted,
         saturation=quantized.saturations,
+        sizes=sizes_section,
     )
 
 
@@ -394,6 +455,8 @@ class _Quantized:
     spec: str | None  # the TOSA specification (VGF)
     saturations: tuple[Saturation, ...]
     coordinates: dict[str, Any]
+    dynamic: Any = None  # torch.export's dynamic shapes of a size range
+    observers: ObserverStates | None = None  # the calibration, for the other sizes
 
 
 def _quantize(
@@ -404,15 +467,27 @@ def _quantize(
     target: str,
     tosa_spec: str,
     stages: _Stages,
+    qat: QatExport | None = None,
+    *,
+    plan: sizing.SizePlan | None = None,
+    calibrated: _Quantized | None = None,
 ) -> _Quantized:
-    """Stages capture to quantize: the graph that is exported for lowering."""
-    with stages.stage("capture"):
-        exported = torch.export.export(model, inputs, strict=True)
+    """Stages capture to quantize: the graph that is exported for lowering (for a QAT-trained
+    model, ``convert_qat``'s, with the parameters it trained)."""
+    dynamic = sizing.dynamic_shapes(plan, inputs)  # None but for a size range
+    with sizing.fixed_sizes_refused(plan if dynamic else None), stages.stage("capture"):
+        exported = torch.export.export(model, inputs, dynamic_shapes=dynamic, strict=True)
         num_outputs = len(exported.graph_signature.user_outputs)
         check_grid_samplers(exported)
     with stages.stage("normalize"):  # library-built graphs made to look hand-written
-        exported, _normalized = normalize_program(exported, inputs)
+        exported, _normalized = normalize_program(
+            exported, inputs, dynamic_shapes=dynamic, **sizing.fold_limit(plan, target, inputs)
+        )
     base, partitioner, spec = target_backend(target, intermediates, tosa_spec)
+    if qat is not None:
+        with stages.stage("quantize"):
+            q = qat.quantize()
+        return _Quantized(exported, q.converted, q.quantizer, partitioner, spec, *q.report)
     quantizer = None
     saturations: tuple[Saturation, ...] = ()
     coordinates: dict[str, Any] = {}
@@ -423,11 +498,15 @@ def _quantize(
         ):
             if given is not None and len(given) != count:
                 raise QspecCountError(what, len(given), count)
-        with stages.stage("observe_ranges"):
-            quantizer, saturations, coordinates = boundary_quantizer(
-                exported, base, quant, len(inputs)
-            )
-        for record in saturations:
+        if calibrated is not None:  # another size: the example size's quantizer and records
+            quantizer, coordinates = copy.copy(calibrated.quantizer), calibrated.coordinates
+            saturations = calibrated.saturations  # (warned about at the example size)
+        else:
+            with stages.stage("observe_ranges"):
+                quantizer, saturations, coordinates = boundary_quantizer(
+                    exported, base, quant, len(inputs)
+                )
+        for record in () if calibrated else saturations:
             if not record.passes():
                 logger.warning("saturation: %s", record.message())
     with stages.stage("rgb_to_rgba"):
@@ -437,11 +516,16 @@ def _quantize(
         with stages.stage("average_pools"):  # AVG_POOL2D as the VGF computes it right
             vgf_average_pools(graph)
     converted: torch.nn.Module = graph
-    if quantizer is not None:
+    kept: list[ObserverStates] = []
+    if quantizer is not None and calibrated is not None:
+        with stages.stage("quantize"):  # this size's graph, the example size's observers
+            converted = quantize_model(graph, inputs, quantizer, observers=calibrated.observers)
+    elif quantizer is not None:
         with stages.stage("quantize"):
             converted = quantize_model(
-                graph, inputs, quantizer, calibration=quant.samples, on_sample=quant.on_sample
-            )
+                graph, inputs, quantizer, calibration=quant.samples, on_sample=quant.on_sample,
+                dynamic_shapes=dynamic, on_calibrated=lambda p: kept.append(observer_states(p)),
+            )  # fmt: skip
             # What the backend's quantizer chose inside the graph may clip too (one scale
             # shared over a concatenation with a fixed-range input): never silently.
             clipped = clipping_report(
@@ -454,7 +538,10 @@ def _quantize(
             if record.count:  # a watched tensor is reported even when nothing clips
                 logger.warning("saturation: %s", record.message())
         saturations += clipped
-    return _Quantized(exported, converted, quantizer, partitioner, spec, saturations, coordinates)
+    return _Quantized(
+        exported, converted, quantizer, partitioner, spec, saturations, coordinates, dynamic,
+        kept[0] if kept else None,
+    )  # fmt: skip
 
 
 def _checked_scenario(
@@ -508,7 +595,9 @@ def _lower(
     """Stages re_export to check_delegates: the program on its delegates, its layouts pinned,
     its IO parameters extracted."""
     with stages.stage("re_export"):
-        program = torch.export.export(quantized.converted, inputs, strict=True)
+        program = torch.export.export(
+            quantized.converted, inputs, dynamic_shapes=quantized.dynamic, strict=True
+        )
     quantizer = quantized.quantizer
     ins, outs = (quantizer.input_qspecs, quantizer.output_qspecs) if quantizer else ((), ())
     quantized_inputs = [k for k, q in enumerate(ins) if q is not None]
@@ -530,6 +619,8 @@ def _lower(
             # pads ExecuTorch 1.5.1's partitioners claim but cannot compile (etkit_partition.pads);
             # not yet DetagMaximaOverChannels: on kornia's warps it left a dependency cycle
             *([DetagQuantizedPads()] if target == "xnnpack" else []),
+            # reshapes XNNPACK cannot compile with more than one dynamic size (a range)
+            *([DetagDynamicReshapes()] if quantized.dynamic else []),
             # a VGF cannot end in a quantize of a float result (etkit_partition.float_results)
             *([DetagQuantizeOfFloatResults()] if target == "vgf" else []),
         ],
@@ -561,6 +652,8 @@ def _lower(
             manager.exported_program(), any_layout_backends={GridSamplerBackend.__name__}
         )
     with stages.stage("extract_io_quant_params"):
+        if quantized.dynamic:  # each input quantize its input's one user (export.sizes)
+            sizing.sizes_read_after_quantize(manager.exported_program())
         extracted = (
             extract_io_quant_params(
                 manager, input_idxs=tuple(quantized_inputs), output_idxs=tuple(quantized_outputs)
@@ -582,19 +675,23 @@ def _write_program(
     intermediates: Path,
     target: str,
     stages: _Stages,
+    methods: Sequence[multi.Method] = (),
 ) -> dict[str, Any]:
     """Stages serialize, load and etrecord: model.pte and io_quant_params.json written, the
-    program loaded back, the ETRecord written. Returns the IO parameters with the dim orders
-    the .pte has."""
+    program loaded back, the ETRecord written (``forward``'s). Returns the IO parameters with
+    the dim orders the .pte has; with several ``methods``, one program holding them all, and
+    each method's IO table under ``methods``."""
     with stages.stage("serialize"):
         strip_build_paths(lowered.manager.exported_program())
         executorch_manager = lowered.manager.to_executorch()
-        pte = executorch_manager.buffer
+        pte = multi.program_buffer(methods, executorch_manager)  # one method, or all in one
         io_params = with_pte_layouts(lowered.io_params, pte)  # the dim orders the .pte really has
+        multi.add_method_io(io_params, methods, pte)
         (work / "model.pte").write_bytes(pte)
         (work / "io_quant_params.json").write_text(json.dumps(io_params, indent=2) + "\n")
     with stages.stage("load"):  # a program the runtime refuses is no export
         check_program_loads(work / "model.pte", target)
+        multi.check_methods_load(work / "model.pte", methods[1:], target)
     with stages.stage("etrecord"):  # for ExecuTorch's Inspector and etkit inspect
         write_etrecord(
             work,
@@ -617,15 +714,18 @@ def _verify(
     tolerance: Any,
     quant: QuantOptions,
     stages: _Stages,
+    qat: QatExport | None = None,
 ) -> dict[str, Any] | None:
     """Stages verify and bundle: the verdict on the written program (model.bpte and its
     sidecar written when it passes and ``bundle``). Returns the verification."""
     with stages.stage("verify"):  # the verdict, and where a failing program diverges
-        run = verify_export(
+        run = multi.verifier(quantized.dynamic, verify_export)(
             work, model, quantized.converted, inputs, io_params, target,
             tolerance=tolerance, float_export=not quant.enabled,
         )  # fmt: skip
         verification = run.verification
+        if qat is not None:  # the program against the QAT model's eval forward
+            verification["qat_model"] = qat.compare_program(run.outputs, io_params, inputs)
     if bundle and run.passed:  # a failed program's outputs are no test vectors
         with stages.stage("bundle"):
             (work / BUNDLE_NAME).write_bytes(

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 from torch.export import ExportedProgram
-from torchao.quantization.pt2e.quantizer import QuantizationSpec
+from torch.fx import Node
+from torchao.quantization.pt2e.quantizer import QuantizationSpec, SharedQuantizationSpec
 
-from etkit_exporter.export.arguments import Calibrated, QuantOptions, SamplerQSpec
+from etkit_exporter.export.arguments import (
+    Calibrated,
+    QuantOptions,
+    SamplerQSpec,
+    UnproducibleQspecError,
+)
 from etkit_quant import (
     BoundaryQuantizer,
     ObservedRange,
@@ -25,7 +31,9 @@ from etkit_quant import (
     observed_int8,
     saturation_report,
 )
+from etkit_quant.boundary import ANNOTATION_KEY, user_inputs, user_outputs
 from etkit_quant.calibration import POSITION_TOLERANCE_PX, coordinate_position_error
+from etkit_quant.graph import is_grid_sampler, target_name
 from etkit_quant.qspecs import observed_int16
 
 if TYPE_CHECKING:
@@ -72,7 +80,10 @@ def boundary_quantizer(
     exported: ExportedProgram, base: Any, quant: QuantOptions, num_inputs: int
 ) -> tuple[BoundaryQuantizer, tuple[Saturation, ...], dict[str, Any]]:
     """The boundary quantizer over ``base`` with the given qspecs and, where none is given, the
-    ones the calibration data calls for; and the saturation of each fixed-parameter one."""
+    ones the calibration data calls for; and the saturation of each fixed-parameter one. An
+    output qspec the target cannot produce is refused first (``refuse_unproducible_outputs``),
+    before the calibration data is run."""
+    refuse_unproducible_outputs(exported, base, quant)
     given = [
         q
         for q in (
@@ -165,3 +176,114 @@ def fixed_boundaries_fit_samplers(
             )
             return False
     return True
+
+
+_NARROW: Final = (torch.int8, torch.uint8)
+
+
+def refuse_unproducible_outputs(exported: ExportedProgram, base: Any, quant: QuantOptions) -> None:
+    """Raises ``UnproducibleQspecError`` for a given output qspec wider than 8 bits (int16,
+    int32) that XNNPACK cannot produce: one whose parameters ``BoundaryQuantizer`` puts on an
+    op XNNPACK computes from 8-bit integers (conv, linear, add, mul), as when the output comes
+    from an op XNNPACK's quantizer leaves alone (a clamp, a tanh) and the boundary's parameters
+    move back through it. ExecuTorch 1.5.1's XNNPACK partitioner takes such an op and its
+    runtime then refuses the program ("Failed to create convolution node ... with code:
+    xnn_status_invalid_parameter"), after every stage has run. A wide output XNNPACK can give
+    is let through: the output of an op XNNPACK quantizes itself (etkit requantizes its int8
+    result on the portable kernels), of a grid sampler, or of a float op.
+
+    Annotates a throwaway copy of the graph with the base and the given qspecs (the
+    calibrated ones stand in at their widths): no calibration sample is run. Other targets
+    (VGF computes int16) and exports without such an output return at once."""
+    if not type(base).__module__.startswith("executorch.backends.xnnpack") or not quant.outputs:
+        return
+    wide = [
+        (k, q)
+        for k, q in enumerate(quant.outputs)
+        if isinstance(q, QuantizationSpec) and q.dtype not in _NARROW
+    ]
+    if not wide:
+        return
+    graph: Any = exported.module(check_guards=False)
+    for node in graph.graph.nodes:  # .module() shares these dicts with `exported`; annotate writes
+        if isinstance(node.meta.get("custom"), dict):
+            node.meta["custom"] = dict(node.meta["custom"])
+    graph = base.transform_for_annotation(graph)
+    samplers: dict[str, Any] = {
+        f"grid_sampler_{role}_qspec": value
+        for role, value in (
+            ("image", quant.sampler_image),
+            ("grid", quant.sampler_grid),
+            ("output", quant.sampler_output),
+        )
+        if not isinstance(value, Calibrated)  # the defaults have the calibrated ones' widths
+    }
+    inputs = quant.inputs if quant.inputs is not None else (None,) * len(user_inputs(graph))
+    provisional = BoundaryQuantizer(
+        base,
+        input_qspecs=inputs,
+        output_qspecs=quant.outputs,
+        grid_math=quant.grid_math,  # type: ignore[arg-type]  # checked: check_grid_math
+        **samplers,
+    )
+    provisional.annotate(graph)
+    outputs = user_outputs(graph)
+    for k, qspec in wide:
+        writer = _integer_writer(outputs[k], qspec)
+        if writer is None:
+            continue
+        bits = qspec.dtype.itemsize * 8
+        op = target_name(writer) or str(writer.target)
+        raise UnproducibleQspecError(
+            f"output {k} asks for {describe_qspec(qspec)}, which XNNPACK cannot produce: "
+            f"{writer.name} ({op}) would write it, an op XNNPACK computes from int8 values and "
+            f"cannot write in {bits} bits (ExecuTorch 1.5.1 refuses the program when it loads); "
+            f"give output {k} an 8-bit qspec for XNNPACK (snorm8, or the calibrated default) or "
+            "export for vgf",
+            boundary=f"output {k}",
+            qspec=describe_qspec(qspec),
+            op=writer.name,
+        )
+
+
+def _integer_writer(node: Node, qspec: QuantizationSpec) -> Node | None:
+    """The op, among ``node`` and the ops its parameters reach back through (each writing
+    ``qspec``), that writes ``qspec`` from 8-bit integer inputs; grid samplers left out (etkit's
+    delegate, or the portable kernel, takes one with a wide output)."""
+    seen: set[Node] = set()
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        if current in seen or current.op != "call_function":
+            continue
+        seen.add(current)
+        if _written(current) != qspec:
+            continue
+        annotation = current.meta.get(ANNOTATION_KEY)
+        reads = [] if annotation is None else list(annotation.input_qspec_map.values())
+        narrow = any(getattr(_resolved(q), "dtype", None) in _NARROW for q in reads)
+        if narrow and not is_grid_sampler(current):
+            return current
+        pending.extend(current.all_input_nodes)
+    return None
+
+
+def _written(node: Node) -> Any:
+    """The qspec ``node``'s output is quantized with (through shared qspecs), or ``None``."""
+    annotation = node.meta.get(ANNOTATION_KEY)
+    return _resolved(None if annotation is None else annotation.output_qspec)
+
+
+def _resolved(qspec: Any, depth: int = 0) -> Any:
+    """``qspec``, or the qspec a ``SharedQuantizationSpec`` shares (an op's output, an edge)."""
+    while isinstance(qspec, SharedQuantizationSpec) and depth < 32:
+        depth += 1
+        target = qspec.edge_or_node
+        if isinstance(target, Node):
+            annotation = target.meta.get(ANNOTATION_KEY)
+            qspec = None if annotation is None else annotation.output_qspec
+            continue
+        source, consumer = target
+        annotation = consumer.meta.get(ANNOTATION_KEY)
+        qspec = None if annotation is None else annotation.input_qspec_map.get(source)
+    return qspec

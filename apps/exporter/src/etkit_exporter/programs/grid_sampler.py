@@ -42,14 +42,17 @@ class GridSamplerDelegate:
                 f"{len(call.inputs)} and {len(call.outputs)}"
             )
         image, grid = call.inputs[roles.image], call.inputs[roles.grid]
-        for role, tensor, shape in (
-            ("image", image, blob.image_shape),
-            ("grid", grid, blob.grid_shape),
-        ):
-            if tuple(tensor.shape) != tuple(shape):
+        for role, tensor, bounds in (
+            ("image", image, blob.image_bounds()),
+            ("grid", grid, blob.grid_bounds()),
+        ):  # each dimension within the blob's bounds (equal bounds: a fixed size)
+            sizes = tuple(tensor.shape)
+            if len(sizes) != len(bounds) or any(
+                not low <= size <= high for size, (low, high) in zip(sizes, bounds, strict=False)
+            ):
                 raise call.fail(
                     f"the {role} (argument {roles.image if role == 'image' else roles.grid}) is "
-                    f"{describe_tensor(tensor)}, the blob says shape {list(shape)}"
+                    f"{describe_tensor(tensor)}, the blob says shape {_bounds_text(bounds)}"
                 )
         op = blob.op
         if self.impl == "vulkan" and not op.is_float:
@@ -60,7 +63,8 @@ class GridSamplerDelegate:
             used = "etkit_gridsampler.cpu"
             if self.impl == "vulkan":
                 used += " (a float op: the Vulkan kernel is integer-only)"
-        (output,) = call.outputs
+        # a dynamic output (planned at its upper bound) takes the size the kernel computed
+        output = call.resize_output(0, result.shape) if blob.is_dynamic else call.outputs[0]
         if result.shape != output.shape or result.dtype != output.dtype:
             raise call.fail(
                 f"the kernel gave {describe_tensor(result)}, the program's output is "
@@ -68,3 +72,8 @@ class GridSamplerDelegate:
             )
         output.copy_(result)
         return used
+
+
+def _bounds_text(bounds: tuple[tuple[int, int], ...]) -> str:
+    """``[1, 3, 4..64, 4..96]``: a fixed size as itself, a dynamic one as its bounds."""
+    return "[" + ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in bounds) + "]"

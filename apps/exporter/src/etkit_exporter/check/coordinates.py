@@ -1,0 +1,163 @@
+"""Coordinates judged as coordinates: every tensor a delegate call of the program produces
+upstream of a grid sampler's grid (the grid itself, a flow, a theta, the features a flow is
+predicted from) is judged by where it makes the sampler sample, in pixels of the image sampled.
+
+For each such tensor, the quantized model is run with that one tensor replaced by the
+program's value (everything else its own), and the grid it then gives the sampler is compared
+with its own grid: the sampling-position error this tensor causes, per axis,
+``(g - g_ref) * (W - 1) / 2`` (``align_corners``) or ``* W / 2`` in x, the same with ``H`` in y.
+Two rules, on the unrounded differences:
+
+- bias: a systematic shift of ``coordinate_bias_px`` (1/8 pixel) or more in either axis fails,
+  whatever the outputs say (a warp half a pixel off hides below rounding on smooth images);
+- spread: the mean square error at most the 99.9 % prediction bound of the rounding envelope's
+  (``check.envelope``: the same grid in the quantized model under legitimate rounding).
+
+Tensors inside one delegate (a whole-program VGF computes its grids inside) are not observable
+here; such a program's coordinates are judged only through its outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from etkit_exporter.check.envelope import Envelope, prediction_bound
+from etkit_exporter.check.references import References, conditional_values
+
+# The spread rule's floor: a grid within this of the quantized model's (pixels, root mean
+# square) is rounding whatever the envelope says (an int16 step at 4096 pixels is 1/16 pixel)
+_FLOOR_PX = 1.0 / 64
+
+
+@dataclass(frozen=True)
+class SamplerSite:
+    """A grid sampler of the reference graph: its node, its grid argument's node, the size of
+    the image it samples and whether corners are aligned."""
+
+    node: str
+    grid: str
+    height: int
+    width: int
+    align_corners: bool
+
+    def pixels(self, grid: torch.Tensor) -> torch.Tensor:
+        """A normalized grid difference (..., 2) in pixels of the sampled image."""
+        if self.align_corners:
+            x, y = (self.width - 1) / 2, (self.height - 1) / 2
+        else:
+            x, y = self.width / 2, self.height / 2
+        return grid.double() * torch.tensor([x, y], dtype=torch.float64)
+
+
+def sampler_sites(graph: torch.fx.Graph) -> list[SamplerSite]:
+    """Every grid sampler of ``graph`` whose image size is known."""
+    sites = []
+    for node in graph.nodes:
+        if node.op != "call_function" or "grid_sampler" not in str(node.target):
+            continue
+        image, grid = node.args[0], node.args[1]
+        value = image.meta.get("val") if isinstance(image, torch.fx.Node) else None
+        if not isinstance(grid, torch.fx.Node) or not isinstance(value, torch.Tensor):
+            continue
+        align = bool(node.args[4]) if len(node.args) > 4 else False
+        height, width = (_size_hint(s) for s in value.shape[-2:])
+        sites.append(SamplerSite(node.name, grid.name, height, width, align))
+    return sites
+
+
+def _size_hint(size: Any) -> int:
+    """A dimension's size: its value, or for a symbolic one (a range export's graph) the example
+    input's, which the reference graph runs on."""
+    if isinstance(size, torch.SymInt):
+        return int(size.node.hint)
+    return int(size)
+
+
+def coordinate_producers(graph: torch.fx.Graph, sites: list[SamplerSite]) -> dict[str, list[int]]:
+    """For each node upstream of a sampler's grid (the grid node included), the indices of the
+    sites whose grid it feeds."""
+    by_name = {n.name: n for n in graph.nodes}
+    feeds: dict[str, list[int]] = {}
+    for index, site in enumerate(sites):
+        stack, seen = [by_name[site.grid]], set()
+        while stack:
+            node = stack.pop()
+            if node.name in seen:
+                continue
+            seen.add(node.name)
+            feeds.setdefault(node.name, []).append(index)
+            stack.extend(n for n in node.all_input_nodes if n.op == "call_function")
+    return feeds
+
+
+def judge_coordinates(
+    record: Any,
+    observed: Mapping[str, torch.Tensor],
+    references: References,
+    envelope: Envelope | None,
+    graph: torch.fx.Graph,
+    bias_px: float,
+) -> list[dict[str, Any]]:
+    """Each tensor in ``observed`` (a delegate call's output, by the reference graph's node
+    name) that feeds a sampler's grid, judged by the sampling positions it causes (module
+    docstring): one row per (tensor, sampler) with ``bias_px`` (x, y), ``rms_px``,
+    ``rms_bound_px``, ``passes`` and ``reasons``."""
+    sites = sampler_sites(graph)
+    producers = coordinate_producers(graph, sites)
+    rows: list[dict[str, Any]] = []
+    for name, value in observed.items():
+        indices = producers.get(name)
+        if not indices or not isinstance(value, torch.Tensor):
+            continue
+        values, _ = conditional_values(record, {name: value})
+        for index in indices:
+            site = sites[index]
+            grid, expected = values.get(site.grid), references.quantized.get(site.grid)
+            if not isinstance(grid, torch.Tensor) or not isinstance(expected, torch.Tensor):
+                continue
+            if not (grid.dtype.is_floating_point and expected.dtype.is_floating_point):
+                continue
+            error = site.pixels(grid.reshape(expected.shape) - expected).reshape(-1, 2)
+            bias = [float(error[:, 0].mean()), float(error[:, 1].mean())]
+            mean_square = float((error * error).sum(dim=1).mean())
+            bound = _FLOOR_PX**2
+            dithered, modes = envelope.node(site.grid) if envelope is not None else ([], [])
+            if len(dithered) >= 2:
+                runs = [_mean_square(site, d, expected) for d in dithered]
+                mode_runs = [_mean_square(site, d, expected) for d in modes]
+                bound = max(bound, prediction_bound(runs), *mode_runs)
+            reasons = [
+                f"sampling positions shifted {b:+.3g} px in {axis} (less than {bias_px:g} px "
+                "either way)"
+                for axis, b in zip("xy", bias, strict=True)
+                if abs(b) >= bias_px
+            ]
+            if mean_square > bound:
+                reasons.append(
+                    f"sampling positions {mean_square**0.5:.3g} px off (root mean square; the "
+                    f"rounding envelope allows {bound**0.5:.3g} px)"
+                )
+            row: dict[str, Any] = {
+                "node": name,
+                "sampler": site.node,
+                "image": [site.height, site.width],
+                "bias_px": bias,
+                "rms_px": mean_square**0.5,
+                "rms_bound_px": bound**0.5,
+                "max_px": float(error.norm(dim=1).max()) if error.numel() else 0.0,
+                "passes": not reasons,
+            }
+            if reasons:
+                row["reasons"] = reasons
+            rows.append(row)
+    return rows
+
+
+def _mean_square(site: SamplerSite, grid: torch.Tensor, expected: torch.Tensor) -> float:
+    """The mean square sampling-position error (pixels^2) of ``grid`` against ``expected``."""
+    error = site.pixels(grid.reshape(expected.shape).double() - expected.double())
+    return float(error.pow(2).sum(-1).mean())

@@ -1,0 +1,493 @@
+"""Quantization-aware training for an export: ``qat_prepare`` gives the trainable module with the
+quantizer the export would use (etkit's exact sampler in place of every grid sampler), and
+``export_model`` exports that module, trained, with the parameters it learnt (``QatExport``):
+nothing is calibrated again, and the program it lowers is ``etkit_quant.convert_qat``'s.
+``load_qat_checkpoint`` puts a trained state into a module ``qat_prepare`` made (the command
+line's ``--qat-checkpoint``)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, NamedTuple, TypeGuard
+
+import torch
+from executorch.backends.arm.quantizer import VgfQuantizer
+from executorch.backends.arm.quantizer import (
+    get_symmetric_quantization_config as arm_config,
+)
+from executorch.backends.arm.vgf import VgfCompileSpec
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+    get_symmetric_quantization_config as xnnpack_config,
+)
+from torch.fx import GraphModule, Node
+from torchao.quantization.pt2e.fake_quantize import FakeQuantizeBase
+from torchao.quantization.pt2e.quantizer import QuantizationSpec
+
+from etkit_exporter.core.diagnostics import root_cause
+from etkit_exporter.core.errors import ExportError
+from etkit_exporter.core.io_params import float_output
+from etkit_exporter.export.arguments import (
+    CALIBRATED,
+    QspecCountError,
+    QuantOptions,
+    SamplerQSpec,
+    check_arguments,
+    check_forward,
+    check_grid_math,
+    check_grid_samplers,
+    check_qspec_list,
+    check_tosa_spec,
+    refuse_unsigned,
+)
+from etkit_exporter.export.average_pools import vgf_average_pools
+from etkit_exporter.export.quantization import boundary_quantizer
+from etkit_gridsampler.qat import PreparedGridSample, exact_sampler
+from etkit_layout import pad_rgb_to_rgba
+from etkit_quant import (
+    BoundaryQuantizer,
+    QatGraphModule,
+    Saturation,
+    check_calibration,
+    convert_qat,
+    fake_quant_params,
+    fixed,
+    prepare_qat,
+    prepared_grid_samplers,
+    user_inputs,
+    user_outputs,
+)
+from etkit_quant.normalize import normalize_program
+from etkit_quant.qat import SAMPLER_KEY
+
+logger = logging.getLogger(__name__)
+
+QAT_KEY: Final = "etkit_exporter_qat"
+"""``prepared.meta`` key under which ``qat_prepare`` records what it prepared for: target, TOSA
+specification, grid math, the saturation of the fixed ranges on the calibration data and the
+tensors entering the coordinate arithmetic."""
+
+
+def qat_prepare(
+    model: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    *,
+    target: str = "vgf",
+    calibration: Iterable[tuple[torch.Tensor, ...]] | None = None,
+    quantized_input_qspecs: Sequence[QuantizationSpec | None] | None = None,
+    quantized_output_qspecs: Sequence[QuantizationSpec | None] | None = None,
+    grid_sampler_image_qspec: SamplerQSpec = CALIBRATED,
+    grid_sampler_grid_qspec: SamplerQSpec = CALIBRATED,
+    grid_sampler_output_qspec: SamplerQSpec = CALIBRATED,
+    quantize_grid_sample_output: bool = True,
+    grid_math: str = "float",
+    tosa_spec: str | None = None,
+    exact_samplers: bool = True,
+    on_calibration_sample: Callable[[int, int], None] | None = None,
+) -> QatGraphModule:
+    """``model`` prepared for quantization-aware training exactly as ``export_model`` with the
+    same arguments would quantize it, so that training and export agree by construction: the
+    same capture and normalization, the same quantizer (``etkit_quant.BoundaryQuantizer`` over
+    the target's base quantizer, VGF's or XNNPACK's, configured for QAT), the qspecs chosen
+    from ``calibration`` as ``export_model`` chooses them, the same graph passes (RGB images
+    padded to RGBA at the grid samplers; for VGF, average pools as convolutions), and, with
+    ``exact_samplers`` (the default), etkit's exact integer sampler in place of every grid
+    sampler (``etkit_gridsampler.qat.exact_sampler``: the forward is the program's integer
+    kernel, the backward float ``grid_sample``'s straight-through gradient). Returns
+    ``etkit_quant.prepare_qat``'s module, in train mode: train it, then
+    ``export_model(prepared, example_inputs, target=...)`` exports it with the parameters it
+    learnt (or save ``prepared.state_dict()`` for ``etkit-export --qat-checkpoint``).
+    ``exact_samplers=False`` trains through PyTorch's float ``grid_sample`` instead (as Arm's
+    Model Gym does; the program's samplers then compute what the model did not train with).
+
+    Raises what ``export_model`` raises for these arguments, before any work, and
+    ``ValueError`` for a model without trainable parameters, and, naming it and why
+    (``UnsupportedOpError``), for a grid sampler the exact sampler cannot mirror."""
+    inputs = check_arguments(model, example_inputs, target)
+    spec = check_tosa_spec(tosa_spec, target, True)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            f"model ({type(model).__name__}) has no parameters to train (none with "
+            "requires_grad=True): quantization-aware training has nothing to learn; export it "
+            "as it is (export_model, or etkit-export without --qat-checkpoint)"
+        )
+    modes = [m.training for m in model.modules()]
+    try:
+        check_forward(model.eval(), inputs)
+        quant = QuantOptions(
+            enabled=True,
+            inputs=check_qspec_list(quantized_input_qspecs, "quantized_input_qspecs"),
+            outputs=check_qspec_list(quantized_output_qspecs, "quantized_output_qspecs"),
+            sampler_image=grid_sampler_image_qspec,
+            sampler_grid=grid_sampler_grid_qspec,
+            sampler_output=grid_sampler_output_qspec if quantize_grid_sample_output else None,
+            samples=tuple(check_calibration(calibration, inputs)),
+            on_sample=on_calibration_sample,
+            grid_math=check_grid_math(grid_math),
+        )
+        refuse_unsigned(quant)
+        exported = torch.export.export(model, inputs, strict=True)
+    finally:
+        for module, training in zip(model.modules(), modes, strict=True):
+            module.training = training
+    check_grid_samplers(exported)
+    exported, _ = normalize_program(exported, inputs)
+    for given, count, what in (
+        (quant.inputs, len(inputs), "input"),
+        (quant.outputs, len(exported.graph_signature.user_outputs), "output"),
+    ):
+        if given is not None and len(given) != count:
+            raise QspecCountError(what, len(given), count)
+    quantizer, saturations, coordinates = boundary_quantizer(
+        exported, qat_base_quantizer(target, spec), quant, len(inputs)
+    )
+    for record in saturations:
+        if not record.passes():
+            logger.warning("saturation: %s", record.message())
+    passes: list[Callable[[GraphModule], object]] = [pad_rgb_to_rgba]
+    if target == "vgf":
+        passes.append(vgf_average_pools)  # as export_model lowers them for VGF
+    prepared = prepare_qat(
+        model,
+        inputs,
+        quantizer,
+        calibration=quant.samples,
+        on_sample=quant.on_sample,
+        passes=passes,
+        sampler_replacement=exact_sampler if exact_samplers else None,
+    )
+    if quant.grid_math == "float":
+        coordinates["inputs"] = list(quantizer.coordinate_inputs)
+    prepared.meta[QAT_KEY] = {
+        "target": target,
+        "tosa_spec": spec if target == "vgf" else None,
+        "grid_math": quant.grid_math,
+        "saturation": tuple(saturations),
+        "coordinates": coordinates,
+    }
+    return prepared
+
+
+def qat_base_quantizer(target: str, tosa_spec: str) -> Any:
+    """The target's base quantizer as ``lowering.target_backend`` configures it, for QAT (its
+    symmetric configuration with fake quantizes: ``is_qat=True``)."""
+    if target == "vgf":
+        base = VgfQuantizer(VgfCompileSpec(tosa_spec))
+        base.set_global(arm_config(is_qat=True))
+        return base
+    return XNNPACKQuantizer().set_global(xnnpack_config(is_qat=True))
+
+
+def load_qat_checkpoint(prepared: QatGraphModule, checkpoint: str | Path) -> QatGraphModule:
+    """Loads ``checkpoint`` (a file ``torch.save`` wrote: the trained module's ``state_dict()``,
+    or a dict holding it under ``"state_dict"``) into ``prepared`` (``qat_prepare``'s module
+    for the same model and options), after checking that every name and shape matches.
+    Returns ``prepared``. Raises ``ValueError`` in one line naming the file and the first
+    parameter or buffer that is missing, unexpected or of another shape (and how many more)."""
+    path = Path(checkpoint)
+    state = read_checkpoint(path)
+    check_checkpoint(prepared, state, path)
+    prepared.load_state_dict(state, strict=True)
+    return prepared
+
+
+def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    """The state dict in ``path``; ``ValueError`` in one line when it is missing, unreadable
+    or holds something else."""
+    if not path.is_file():
+        raise ValueError(f"QAT checkpoint {path} does not exist")
+    try:
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise ValueError(
+            f"QAT checkpoint {path} cannot be read: {root_cause(error)}; save the trained "
+            "module's state with torch.save(prepared.state_dict(), PATH)"
+        ) from error
+    if isinstance(value, Mapping) and isinstance(value.get("state_dict"), Mapping):
+        value = value["state_dict"]
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
+    ):
+        raise ValueError(
+            f"QAT checkpoint {path} holds a {type(value).__name__}, not a state dict (names to "
+            "tensors); save it with torch.save(prepared.state_dict(), PATH)"
+        )
+    return dict(value)
+
+
+def check_checkpoint(
+    prepared: torch.nn.Module, state: Mapping[str, torch.Tensor], path: Path | str
+) -> None:
+    """Raises ``ValueError`` (one line: the first mismatch, and how many there are) unless
+    ``state`` has exactly ``prepared``'s parameter and buffer names, with their shapes."""
+    expected = prepared.state_dict()
+    problems: list[str] = []
+    for name, value in expected.items():
+        given = state.get(name)
+        if given is None:
+            problems.append(f"'{name}' ({_shape(value)}) is missing from it")
+        elif given.shape != value.shape:
+            problems.append(
+                f"'{name}' has shape {_shape(given)} there but {_shape(value)} in the model"
+            )
+    problems += [
+        f"it holds '{name}', which the model has not" for name in state if name not in expected
+    ]
+    if problems:
+        more = f" ({len(problems) - 1} more mismatches)" if len(problems) > 1 else ""
+        raise ValueError(
+            f"QAT checkpoint {path} does not match the prepared model: {problems[0]}{more}; "
+            "it must be the state_dict() of the module qat_prepare made from the same model with "
+            "the same target, calibration and qspec options"
+        )
+
+
+def _shape(value: torch.Tensor) -> str:
+    return "[" + ", ".join(map(str, value.shape)) + "]"
+
+
+# -- export --------------------------------------------------------------------------------------
+
+
+class QatQuantized(NamedTuple):
+    """``QatExport.quantize``'s result: the model lowered, the quantizer view of its
+    boundaries, and the report's saturation records and coordinate-input section."""
+
+    converted: GraphModule
+    quantizer: BoundaryQuantizer
+    report: tuple[tuple[Saturation, ...], dict[str, Any]]
+
+
+@dataclass
+class QatExport:
+    """A QAT-trained module as ``export_model`` exports it: ``prepared`` (an eval-mode copy of
+    the caller's module: the caller's is never switched or changed), ``float_model`` (the same
+    trained network with every fake quantize taken out and PyTorch's samplers in place: the
+    export's float model, captured and verified against as any float model) and what
+    ``prepared`` was prepared for (``record``, empty for a module ``etkit_quant.prepare_qat``
+    made directly)."""
+
+    prepared: QatGraphModule
+    float_model: GraphModule
+    record: Mapping[str, Any] = field(default_factory=dict)
+    converted: GraphModule | None = field(default=None, repr=False)  # once quantized
+
+    @property
+    def grid_math(self) -> str | None:
+        value = self.record.get("grid_math")
+        return None if value is None else str(value)
+
+    def quantize(self) -> QatQuantized:
+        """The quantized model the program is lowered from (``convert_qat``: every quantize
+        with the parameters the module trained with), a ``BoundaryQuantizer`` holding the
+        boundary qspecs the module's annotations give (the pipeline reads which inputs and
+        outputs are quantized), and for the report the saturation records of its preparation
+        (its fixed ranges on the calibration data) and its coordinate-input section."""
+        self.converted = convert_qat(self.prepared)
+        ins, outs = boundary_qspecs(self.prepared)
+        # Its base is never run: the annotations are the prepared module's.
+        quantizer = BoundaryQuantizer(XNNPACKQuantizer(), input_qspecs=ins, output_qspecs=outs)
+        coordinates = dict(self.record.get("coordinates") or {})
+        quantizer.coordinate_inputs = tuple(coordinates.get("inputs", ()))
+        saturation = tuple(self.record.get("saturation") or ())
+        return QatQuantized(self.converted, quantizer, (saturation, coordinates))
+
+    def section(self, example_inputs: tuple[torch.Tensor, ...]) -> dict[str, Any]:
+        """report.json's ``qat``: what the module was prepared for, which samplers trained
+        through the exact sampler (and which through PyTorch's float one), and how far the
+        quantized model lies from the module's eval forward on the example inputs."""
+        sites = prepared_grid_samplers(self.prepared)
+        exact = [
+            s.name
+            for s in sites
+            if s.replacement is not None
+            and isinstance(self.prepared.get_submodule(s.replacement), PreparedGridSample)
+        ]
+        section: dict[str, Any] = {
+            "recalibrated": False,
+            "prepared_for": {k: self.record.get(k) for k in ("target", "tosa_spec", "grid_math")},
+            "exact_samplers": exact,
+            "float_samplers": [s.name for s in sites if s.name not in exact],
+        }
+        if self.converted is not None:
+            with torch.no_grad():
+                outputs = _flat(self.converted(*example_inputs))
+            section["quantized_model_vs_qat_model"] = self.compare(outputs, example_inputs)
+        return section
+
+    def compare_program(
+        self,
+        raw_outputs: Sequence[torch.Tensor],
+        io_params: Mapping[str, Any],
+        example_inputs: tuple[torch.Tensor, ...],
+    ) -> list[dict[str, Any]]:
+        """The program's outputs (as it returned them, ``io_params`` giving their
+        quantization) against the module's eval forward on ``example_inputs``: ``compare``."""
+        outputs = [
+            float_output(y, entry)
+            for y, entry in zip(raw_outputs, io_params["outputs"], strict=True)
+        ]
+        return self.compare(outputs, example_inputs)
+
+    def compare(
+        self, outputs: Sequence[torch.Tensor], example_inputs: tuple[torch.Tensor, ...]
+    ) -> list[dict[str, Any]]:
+        """Each of ``outputs`` (float, as dequantized) against the module's eval forward on
+        ``example_inputs``: max abs error and, for a quantized output, the steps of its
+        quantization apart (max, and the share of values a step or more off)."""
+        with torch.no_grad():
+            expected = _flat(self.prepared(*example_inputs))
+        fakes = _output_fakes(self.prepared)
+        rows = []
+        for index, (got, want) in enumerate(zip(outputs, expected, strict=True)):
+            error = (got.contiguous().reshape(want.shape).float() - want).abs()
+            row: dict[str, Any] = {"output": index, "max_abs_error": float(error.max())}
+            if index < len(fakes) and fakes[index] is not None:
+                steps = torch.round(error / fake_quant_params(fakes[index]).scale)
+                row["max_steps"] = int(steps.max())
+                row["fraction_off"] = float((steps > 0).float().mean())
+            rows.append(row)
+        return rows
+
+
+def is_qat_model(model: object) -> TypeGuard[QatGraphModule]:
+    """Whether ``model`` is a module ``etkit_quant.prepare_qat`` (or ``qat_prepare``) returned."""
+    return isinstance(model, QatGraphModule)
+
+
+def qat_export(
+    model: QatGraphModule,
+    *,
+    target: str,
+    tosa_spec: str | None,
+    given: Mapping[str, bool],
+) -> QatExport:
+    """The ``QatExport`` of a trained module for ``export_model``. ``given``: which of
+    ``export_model``'s quantization arguments the caller set (by name): each is refused, in one
+    line, since the module carries its quantization; so are a target or TOSA specification
+    other than the ones ``qat_prepare`` prepared it for."""
+    for name, was_given in given.items():
+        if was_given:
+            raise ValueError(
+                f"{name} does not apply to a QAT-trained model: its quantization (qspecs, "
+                "ranges) is the one it was prepared and trained with, and nothing is calibrated "
+                f"again; give {name} to qat_prepare instead"
+            )
+    record: Mapping[str, Any] = model.meta.get(QAT_KEY) or {}
+    prepared_for = record.get("target")
+    if prepared_for is not None and prepared_for != target:
+        raise ValueError(
+            f"the QAT model was prepared for target {prepared_for!r} (its base quantizer's "
+            f"annotations), not {target!r}: export it for {prepared_for}, or prepare and train it "
+            f"for {target} (qat_prepare(..., target={target!r}))"
+        )
+    spec = record.get("tosa_spec")
+    if target == "vgf" and spec is not None and tosa_spec is not None and tosa_spec != spec:
+        raise ValueError(
+            f"the QAT model was prepared for TOSA specification {spec!r}, not {tosa_spec!r}: "
+            "export it with the specification it was prepared for"
+        )
+    prepared = copy.deepcopy(model)
+    prepared.eval()
+    return QatExport(prepared, float_view(prepared), record)
+
+
+def float_view(prepared: GraphModule) -> GraphModule:
+    """The network ``prepared`` trains, in float: a ``GraphModule`` of its graph with every fake
+    quantize taken out and every replaced grid sampler PyTorch's ``aten`` op again, reading
+    ``prepared``'s trained parameters (copies). Batch norms as ``prepared``'s mode computes
+    them (call it on an eval-mode module)."""
+    root = copy.deepcopy(prepared)
+    graph = root.graph
+    for node in list(graph.nodes):
+        if node.op != "call_module":
+            continue
+        record = node.meta.get(SAMPLER_KEY)
+        module = root.get_submodule(str(node.target))
+        if isinstance(module, FakeQuantizeBase):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+        elif record is not None:
+            node.op, node.target = "call_function", record["target"]
+            node.args, node.kwargs = (*node.args[:2], *record["args"]), dict(record["kwargs"])
+    graph.eliminate_dead_code()
+    graph.lint()
+    model = GraphModule(root, graph, class_name="QatFloatModel")
+    model.eval()
+    return model
+
+
+def boundary_qspecs(
+    prepared: GraphModule,
+) -> tuple[tuple[QuantizationSpec | None, ...], tuple[QuantizationSpec | None, ...]]:
+    """The boundary qspec of each user input and output of ``prepared``, from its annotations
+    (an input is quantized when its placeholder's annotation gives it an output qspec, an
+    output when it leaves the graph through a fake quantize), as fixed qspecs with the
+    parameters each fake quantize applies (``None``: float)."""
+    modules = dict(prepared.named_modules(remove_duplicate=False))
+    inputs: list[QuantizationSpec | None] = []
+    for node in user_inputs(prepared):
+        annotation = node.meta.get("quantization_annotation")
+        quantized = annotation is not None and annotation.output_qspec is not None
+        fakes = [_fake_quant(user, modules) for user in node.users]
+        fake = next((f for f in fakes if f is not None), None)
+        if quantized and fake is None:
+            raise ExportError(
+                f"the QAT model quantizes input {node.name}, but no fake quantize follows it"
+            )
+        inputs.append(_fixed_qspec(fake) if quantized else None)
+    outputs = [
+        None if fake is None else _fixed_qspec(fake) for fake in _output_fakes(prepared, modules)
+    ]
+    return tuple(inputs), tuple(outputs)
+
+
+def _output_fakes(
+    prepared: GraphModule, modules: dict[str, torch.nn.Module] | None = None
+) -> list[Any]:
+    modules = (
+        modules if modules is not None else dict(prepared.named_modules(remove_duplicate=False))
+    )
+    return [_fake_quant(node, modules) for node in user_outputs(prepared)]
+
+
+def _fake_quant(node: Node, modules: Mapping[str, torch.nn.Module]) -> Any:
+    if node.op != "call_module":
+        return None
+    module = modules.get(str(node.target))
+    return module if isinstance(module, FakeQuantizeBase) else None
+
+
+def _fixed_qspec(fake: Any) -> QuantizationSpec:
+    params = fake_quant_params(fake)
+    return fixed(params.scale, params.zero_point, params.dtype, params.quant_min, params.quant_max)
+
+
+def _flat(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [t for item in value for t in _flat(item)]
+    raise TypeError(f"the model returned a {type(value).__name__}, not tensors")
+
+
+def prepared_from_checkpoint(
+    model: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    checkpoint: str | Path,
+    **options: Any,
+) -> QatGraphModule:
+    """``etkit-export --qat-checkpoint``: ``model`` (the float model) prepared by
+    ``qat_prepare(model, example_inputs, **options)`` (the options of the export), and the
+    trained state in ``checkpoint`` loaded into it (``load_qat_checkpoint``). The file is read
+    first, so that a missing or unreadable one is answered before any work."""
+    path = Path(checkpoint)
+    state = read_checkpoint(path)
+    prepared = qat_prepare(model, example_inputs, **options)
+    check_checkpoint(prepared, state, path)
+    prepared.load_state_dict(state, strict=True)
+    return prepared

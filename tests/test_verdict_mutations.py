@@ -1,0 +1,90 @@
+"""The verdict attacked: miscompilations injected into the program etkit writes (never into its
+references, tests/verdict_mutations.py) on both targets, each checked to fire and to be caught;
+the clean programs pass. Every mutation on every model and target: bench/verdict_mutations.py
+(and `pytest -m extended` here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from etkit_exporter.export.demos import DEMOS
+
+
+def _load() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "verdict_mutations", Path(__file__).with_name("verdict_mutations.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["verdict_mutations"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+vm = _load()
+
+# In CI: four kinds per target, of four classes each (a coordinate bias under a pixel,
+# truncation, one channel's weight scale, the output read a step up; a bias a step up, a grid
+# shifted 0.13 pixel, the flow's components swapped, align_corners flipped)
+CI = {
+    "xnnpack": [
+        "coordinate-bias-8-steps",
+        "bias-truncation",
+        "weight-scale-one-channel-10pct",
+        "output-offset-one-step",
+    ],
+    "vgf": [
+        "bias-one-step",
+        "grid-shift-0.13px",
+        "flow-components-swapped",
+        "sampler-corners",
+    ],
+}
+
+
+@pytest.fixture(scope="module", params=["xnnpack", "vgf"])
+def clean(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    target = request.param
+    model, inputs = DEMOS["flow-warp"]()
+    seen, error = vm.export_verified(model, inputs, tmp_path_factory.mktemp(target) / "c", target)
+    return target, model, inputs, seen, error
+
+
+def test_the_clean_program_passes(clean: Any) -> None:
+    _target, _model, _inputs, seen, error = clean
+    assert error is None, error
+    assert seen["verdict"]["result"] == "pass"
+
+
+def _check(outcome: Any) -> None:
+    assert outcome.applied is not None, f"{outcome.mutation} does not apply to the model"
+    assert outcome.error is None, outcome.error
+    assert outcome.references_unchanged, "a mutation touched the references"
+    assert outcome.fired, f"{outcome.mutation} ({outcome.applied}) did not change the program"
+    assert outcome.caught, (outcome.mutation, outcome.size, outcome.bias, outcome.reasons)
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_a_miscompilation_is_caught(clean: Any, index: int, tmp_path: Path) -> None:
+    target, model, inputs, seen, _ = clean
+    name = CI[target][index]
+    _check(vm.run_mutation(name, model, inputs, seen, tmp_path / name, target))
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("name", sorted(vm.MUTATIONS))
+def test_every_miscompilation_above_the_envelope_is_caught(
+    clean: Any, name: str, tmp_path: Path
+) -> None:
+    target, model, inputs, seen, _ = clean
+    outcome = vm.run_mutation(name, model, inputs, seen, tmp_path / name, target)
+    if outcome.applied is None or not outcome.fired:
+        pytest.skip(f"{name} does not change this program ({outcome.applied})")
+    if outcome.size <= 1 and outcome.bias <= 1:
+        pytest.skip(f"{name} is within the rounding envelope (power {outcome.size:.3g} x bound)")
+    _check(outcome)
