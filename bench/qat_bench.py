@@ -1,33 +1,39 @@
 """Quantization-aware training against post-training quantization, on a frame interpolator.
 
-Run on demand (not in CI; a few minutes on 2 cores):
+Run on demand (not in CI; 5-12 minutes on 2 shared cores, most of it the float pre-training):
 
-    .venv/bin/python bench/qat_bench.py [--size 32x48] [--pretrain-steps 400]
-        [--finetune-steps 150] [--batch 8] [--test 16] [--max-flow 5] [--out qat-bench.json]
+    .venv/bin/python bench/qat_bench.py [--size 32x48] [--pretrain-steps 800]
+        [--finetune-steps 150] [--batch 8] [--test 16] [--max-flow 3] [--channels 16]
+        [--checkpoint ckpt.pt] [--out qat-bench.json]
 
-One network (``InterpNet``: two frames -> a few full-resolution convs predict a flow in pixels ->
-frame 0 warped forward by half the flow, frame 2 back by half -> their mean: the frame between) is
-trained in float from scratch on moving textures with a known flow (``triplets``: frame 0, the
-true middle frame and frame 2, each the texture sampled at ``p + t * flow(p)``) into one float
-checkpoint; then, from that checkpoint, the same number of fine-tuning steps (Adam, the same
-batches) four ways:
+One network (``InterpNet``, shaped like RIFE's IFBlock: four dilated 3x3 convs over both frames;
+one conv writes the flow, divided by ``DIV_FLOW`` as FlowNet and PWC-Net predict it, and a blend
+mask's logit, so both share one int8 scale and the flow's steps are coarse; frame 0 warped
+forward by half the flow, frame 2 back by half, blended by the mask) is trained in float from
+scratch on moving textures with a known flow (``triplets``: frame 0, the true middle frame and
+frame 2, the texture sampled at ``p + t * flow(p)``; the flow supervised too) into one float
+checkpoint (``--checkpoint``: loaded when the file exists, else trained and saved there); then,
+from that checkpoint, the same fine-tuning steps (Adam, the same batches, the L1 error of the
+interpolated frame) four ways:
 
 - ``float``: in float; exported without quantization (XNNPACK, float32);
 - ``ptq``: the float variant's model quantized after training by ``export_model`` (calibrated
-  on the training frames);
+  on 16 training pairs);
 - ``qat-exact``: ``etkit_exporter.qat_prepare`` (XNNPACK's quantizer for QAT, the calibrated
-  qspecs, etkit's exact integer sampler at both warps), trained, exported with
-  ``export_model`` (nothing re-calibrated);
-- ``qat-float-sampler``: the same with ``exact_samplers=False``: PyTorch's float
-  ``grid_sample`` between the fake quantizes, as Arm's Model Gym trains.
+  qspecs, etkit's exact integer sampler at both warps), trained, exported with ``export_model``
+  (nothing re-calibrated);
+- ``qat-float-sampler``: the same with ``exact_samplers=False``: PyTorch's float ``grid_sample``
+  between the fake quantizes, as Arm's Model Gym trains.
 
-Each model trains at ``--batch`` frames per step and is exported at batch 1 (a batch-1 module
-from ``qat_prepare`` with the trained ``state_dict`` loaded, as ``--qat-checkpoint`` does). Each
-exported program runs in ``executorch.runtime`` on ``--test`` held-out triplets; the table gives
-the PSNR of its interpolated frame against the true middle frame (peak 2: frames in [-1, 1]),
-mean over the test triplets, and for each QAT variant how far the program lies from the model that
-was trained (its eval forward, batch 1): max steps of the SNORM8 output and the share of values a
-step or more off.
+The QAT variants train at ``--batch`` pairs per step and are exported at batch 1 (a batch-1
+module from ``qat_prepare`` on the same frames with the trained ``state_dict`` loaded, as
+``--qat-checkpoint`` does). Each program is verified and run in ``executorch.runtime`` on
+``--test`` held-out triplets. The table: the PSNR of its interpolated frame against the true
+middle frame (peak 2, frames in [-1, 1]; mean over the triplets) and, for the QAT variants, in
+SNORM8 output steps (max, share of values a step or more off) against the model that was
+trained (its eval forward, batch 1): the program; that model with the program's sampler in
+place of its own (etkit's integer kernel, ``use_exact_samplers`` on a copy); the quantized model
+the program was lowered from (``convert_qat``).
 """
 
 from __future__ import annotations

@@ -311,6 +311,9 @@ def _summary(result: Any, seconds: float) -> str:
                 + steps
             )
         lines += [f"  {line}" for line in envelope_lines(verdict)]
+        for row in result.verification.get("qat_model", []):  # a QAT-trained model (qat.py)
+            steps = f"{row['max_steps']} steps max" if "max_steps" in row else "float output"
+            lines.append(f"  output {row['output']} vs the QAT model's eval forward: {steps}")
     lines.append("artifacts:")
     names = ("model.pte", "model.bpte", "io_quant_params.json", "report.json", "report.md",
              "export.toml")  # fmt: skip

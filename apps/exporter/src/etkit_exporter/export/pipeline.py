@@ -61,7 +61,7 @@ from etkit_exporter.export.lowering import (
     target_backend,
 )
 from etkit_exporter.export.provenance import shared_provenance
-from etkit_exporter.export.qat import QatExport, is_qat_model, qat_export
+from etkit_exporter.export.qat import QatExport, is_qat_model, qat_export, quantization_given
 from etkit_exporter.export.quantization import boundary_quantizer
 from etkit_exporter.programs import load_program
 from etkit_exporter.vgf.scenario import run_scenario
@@ -251,16 +251,11 @@ def export_model(
     root = Path(artifacts_root)
     qat = None
     if is_qat_model(model):  # trained with QAT: its own quantization, nothing calibrated (qat.py)
-        qat = qat_export(model, target=target, tosa_spec=tosa_spec, given={
-            "quantized_input_qspecs": quantized_input_qspecs is not None,
-            "quantized_output_qspecs": quantized_output_qspecs is not None,
-            "grid_sampler_image_qspec": grid_sampler_image_qspec is not CALIBRATED,
-            "grid_sampler_grid_qspec": grid_sampler_grid_qspec is not CALIBRATED,
-            "grid_sampler_output_qspec": grid_sampler_output_qspec is not CALIBRATED,
-            "quantize_grid_sample_output=False": not quantize_grid_sample_output,
-            "calibration": calibration is not None,
-            "enable_pt2e_quantization=False": not enable_pt2e_quantization,
-        })  # fmt: skip
+        qat = qat_export(model, target=target, tosa_spec=tosa_spec, given=quantization_given(
+            quantized_input_qspecs, quantized_output_qspecs, grid_sampler_image_qspec,
+            grid_sampler_grid_qspec, grid_sampler_output_qspec, quantize_grid_sample_output,
+            calibration, enable_pt2e_quantization,
+        ))  # fmt: skip
         model, grid_math = qat.float_model, qat.grid_math or grid_math
     inputs = check_arguments(model, example_inputs, target)
     plan = sizing.check_sizes(sizes, dynamic_size, inputs, target, qat=qat is not None)

@@ -359,6 +359,30 @@ def is_qat_model(model: object) -> TypeGuard[QatGraphModule]:
     return isinstance(model, QatGraphModule)
 
 
+def quantization_given(
+    input_qspecs: object,
+    output_qspecs: object,
+    image_qspec: object,
+    grid_qspec: object,
+    output_qspec: object,
+    quantize_output: bool,
+    calibration: object,
+    enabled: bool,
+) -> dict[str, bool]:
+    """Which of ``export_model``'s quantization arguments (in its order) the caller set, by the
+    name a refusal gives it."""
+    return {
+        "quantized_input_qspecs": input_qspecs is not None,
+        "quantized_output_qspecs": output_qspecs is not None,
+        "grid_sampler_image_qspec": image_qspec is not CALIBRATED,
+        "grid_sampler_grid_qspec": grid_qspec is not CALIBRATED,
+        "grid_sampler_output_qspec": output_qspec is not CALIBRATED,
+        "quantize_grid_sample_output=False": not quantize_output,
+        "calibration": calibration is not None,
+        "enable_pt2e_quantization=False": not enabled,
+    }
+
+
 def qat_export(
     model: QatGraphModule,
     *,
