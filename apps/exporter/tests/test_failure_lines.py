@@ -94,7 +94,7 @@ def test_a_failed_tool_is_named_with_its_own_error(
 
     failure = _model_converter_failure()
 
-    def fails(*_: Any) -> None:
+    def fails(*_: Any, **__: Any) -> None:
         raise failure
 
     monkeypatch.setattr(pipeline, "normalize_program", fails)
@@ -119,7 +119,7 @@ def test_on_a_terminal_the_line_starts_a_line_of_its_own(
     next stage) is ended before the failure's line, which would otherwise follow it."""
     from etkit_exporter.export import pipeline
 
-    def fails(*_: Any) -> None:
+    def fails(*_: Any, **__: Any) -> None:
         raise ValueError("\nthe reason, after a blank first line")
 
     monkeypatch.setattr(pipeline, "normalize_program", fails)
