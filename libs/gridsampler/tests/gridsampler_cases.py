@@ -122,6 +122,21 @@ OUTPUT_Q = [
 COMBINATIONS = list(
     itertools.product(["bilinear", "nearest"], ["zeros", "border", "reflection"], [False, True])
 )
+# The conformance configurations (test_conformance.py, test_torch_kernel.py):
+# (image N x C x H x W, grid Ho x Wo): 1x1 images, odd sizes, Ho/Wo unlike H/W, N > 1, C in 1..8
+CONFORMANCE_SHAPES = [
+    ((1, 1, 1, 1), (3, 2)),
+    ((1, 3, 1, 7), (4, 5)),
+    ((2, 4, 9, 13), (7, 11)),
+    ((3, 8, 6, 5), (10, 3)),
+    ((1, 3, 17, 2), (1, 1)),
+]
+CONFORMANCE_GRID_Q = [
+    SNORM16,
+    QParams(1 / 1024, 0, -32768, 32767, torch.int16),  # far outside [-1, 1]: up to +-32
+    QParams(1 / 127, 3, -128, 127, torch.int8),  # an int8 grid with a zero point
+]
+CONFORMANCE_GRID_Q_IDS = ["snorm16", "coarse16", "int8"]
 ONE_OF_EACH = [  # (image, grid, output) quantizations that reach each vector form between them
     (IMAGE_Q[0], GRID_Q[0], OUTPUT_Q[0]),
     (IMAGE_Q[1], GRID_Q[1], OUTPUT_Q[2]),

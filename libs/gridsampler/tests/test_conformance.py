@@ -3,11 +3,13 @@ shapes and grids that stress the edges, against the reference; CPU and Vulkan bi
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from gridsampler_cases import (
+    COMBINATIONS,
+    CONFORMANCE_GRID_Q,
+    CONFORMANCE_GRID_Q_IDS,
+    CONFORMANCE_SHAPES,
     SNORM8,
     SNORM16,
     check_against_reference,
@@ -18,31 +20,14 @@ from gridsampler_cases import (
 from etkit_gridsampler import GridSampleOp, QParams, cpu, vulkan
 from etkit_gridsampler.plan import UnsupportedOpError
 
-COMBINATIONS = list(
-    itertools.product(["bilinear", "nearest"], ["zeros", "border", "reflection"], [False, True])
-)
-# (image N x C x H x W, grid Ho x Wo): 1x1 images, odd sizes, Ho/Wo unlike H/W, N > 1, C in 1..8
-SHAPES = [
-    ((1, 1, 1, 1), (3, 2)),
-    ((1, 3, 1, 7), (4, 5)),
-    ((2, 4, 9, 13), (7, 11)),
-    ((3, 8, 6, 5), (10, 3)),
-    ((1, 3, 17, 2), (1, 1)),
-]
-GRID_QPARAMS = [
-    SNORM16,
-    QParams(1 / 1024, 0, -32768, 32767, torch.int16),  # far outside [-1, 1]: up to +-32
-    QParams(1 / 127, 3, -128, 127, torch.int8),  # an int8 grid with a zero point
-]
-
 
 @pytest.mark.parametrize(("mode", "padding", "align_corners"), COMBINATIONS)
-@pytest.mark.parametrize("grid_q", GRID_QPARAMS, ids=["snorm16", "coarse16", "int8"])
+@pytest.mark.parametrize("grid_q", CONFORMANCE_GRID_Q, ids=CONFORMANCE_GRID_Q_IDS)
 def test_combination_across_shapes(
     mode: str, padding: str, align_corners: bool, grid_q: QParams
 ) -> None:
     generator = torch.Generator().manual_seed(hash((mode, padding, align_corners)) % 1000)
-    for image_shape, (out_h, out_w) in SHAPES:
+    for image_shape, (out_h, out_w) in CONFORMANCE_SHAPES:
         image = random_image(image_shape, generator)
         grid = random_grid((image_shape[0], out_h, out_w), grid_q.dtype, generator)
         for output_q in (SNORM8, QParams(0.011, -3, -128, 127, torch.int8), None):

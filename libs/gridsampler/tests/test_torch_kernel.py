@@ -14,6 +14,8 @@ import pytest
 import torch
 from gridsampler_cases import (
     COMBINATIONS,
+    CONFORMANCE_GRID_Q,
+    CONFORMANCE_SHAPES,
     GRID_Q,
     IMAGE_Q,
     ONE_OF_EACH,
@@ -36,20 +38,6 @@ DEVICES = [
         "cuda",
         marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
     ),
-]
-
-# test_conformance.py's configurations: (image N x C x H x W, grid Ho x Wo) and grid QParams
-SHAPES = [
-    ((1, 1, 1, 1), (3, 2)),
-    ((1, 3, 1, 7), (4, 5)),
-    ((2, 4, 9, 13), (7, 11)),
-    ((3, 8, 6, 5), (10, 3)),
-    ((1, 3, 17, 2), (1, 1)),
-]
-CONFORMANCE_GRID_Q = [
-    SNORM16,
-    QParams(1 / 1024, 0, -32768, 32767, torch.int16),
-    QParams(1 / 127, 3, -128, 127, torch.int8),
 ]
 
 
@@ -82,7 +70,9 @@ def test_conformance_configurations(
     grid values (4 sizes x 2 image quantizations: 8 each, 96 in all) and its identity grid."""
     generator = torch.Generator().manual_seed(COMBINATIONS.index((mode, padding, align_corners)))
     outputs = (SNORM8, QParams(0.011, -3, -128, 127, torch.int8), None)
-    for grid_q, (image_shape, (out_h, out_w)) in itertools.product(CONFORMANCE_GRID_Q, SHAPES):
+    for grid_q, (image_shape, (out_h, out_w)) in itertools.product(
+        CONFORMANCE_GRID_Q, CONFORMANCE_SHAPES
+    ):
         image = random_image(image_shape, generator)
         grid = random_grid((image_shape[0], out_h, out_w), grid_q.dtype, generator)
         for output_q in outputs:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import torch
@@ -89,15 +89,14 @@ class ArgumentRoles:
 
 
 @dataclass(frozen=True)
-class DelegateBlob:
-    """The decoded content of a delegate blob. ``image_shape`` and ``grid_shape`` are the shapes
-    (version 3: their upper bounds); ``image_min_shape`` and ``grid_min_shape`` the lower bounds
-    (equal to the shapes where every dimension is fixed; left out, they are)."""
+class SamplerShapes:
+    """A grid sampler's op and shapes. ``image_shape`` and ``grid_shape`` are the shapes (where
+    a dimension is dynamic: its upper bound); ``image_min_shape`` and ``grid_min_shape`` the
+    lower bounds (equal to the shapes where every dimension is fixed; left out, they are)."""
 
     op: GridSampleOp
     image_shape: tuple[int, int, int, int]
     grid_shape: tuple[int, int, int, int]
-    roles: ArgumentRoles
     image_min_shape: tuple[int, ...] = ()
     grid_min_shape: tuple[int, ...] = ()
 
@@ -109,16 +108,10 @@ class DelegateBlob:
 
     @property
     def is_dynamic(self) -> bool:
-        """True when some dimension is dynamic (a version-3 blob)."""
+        """True when a dimension of the image or the grid is dynamic."""
         image_fixed = tuple(self.image_min_shape) == tuple(self.image_shape)
         grid_fixed = tuple(self.grid_min_shape) == tuple(self.grid_shape)
         return not (image_fixed and grid_fixed)
-
-    @property
-    def version(self) -> int:
-        """The format version ``encode`` writes for this content: 3 with a dynamic dimension,
-        else 2."""
-        return FORMAT_VERSION if self.is_dynamic else FIXED_VERSION
 
     def image_bounds(self) -> tuple[tuple[int, int], ...]:
         """(lower, upper) of each image dimension, N, C, H, W."""
@@ -127,6 +120,20 @@ class DelegateBlob:
     def grid_bounds(self) -> tuple[tuple[int, int], ...]:
         """(lower, upper) of each grid dimension, N, Ho, Wo, 2."""
         return tuple(zip(self.grid_min_shape, self.grid_shape, strict=True))
+
+
+@dataclass(frozen=True)
+class DelegateBlob(SamplerShapes):
+    """The decoded content of a delegate blob: the sampler (version 3: with the bounds of its
+    dynamic dimensions) and which runtime argument is which."""
+
+    roles: ArgumentRoles = field(kw_only=True)
+
+    @property
+    def version(self) -> int:
+        """The format version ``encode`` writes for this content: 3 with a dynamic dimension,
+        else 2."""
+        return FORMAT_VERSION if self.is_dynamic else FIXED_VERSION
 
 
 def _pack_qparams(qparams: QParams | None) -> bytes:
@@ -392,9 +399,9 @@ def decode(data: bytes) -> DelegateBlob:
         op,
         image_shape,
         grid_shape,
-        ArgumentRoles(inputs, image_index, grid_index),
         image_lower,
         grid_lower,
+        roles=ArgumentRoles(inputs, image_index, grid_index),
     )
 
 

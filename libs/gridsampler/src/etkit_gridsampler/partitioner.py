@@ -4,7 +4,7 @@ compiling is the backend's job, executing the runtime's."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import executorch.kernels.quantized  # noqa: F401  (out variants of the Q/DQ left around delegates)
@@ -17,7 +17,12 @@ from executorch.exir.backend.partitioner import (
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from etkit_gridsampler.delegate_format import ArgumentRoles, DelegateFormatError, encode
+from etkit_gridsampler.delegate_format import (
+    ArgumentRoles,
+    DelegateFormatError,
+    SamplerShapes,
+    encode,
+)
 from etkit_gridsampler.op import MODE_NAMES, PADDING_NAMES, GridSampleOp, QParams
 from etkit_gridsampler.plan import unsupported_reason
 from etkit_gridsampler.runtime import BACKEND_ID
@@ -35,32 +40,12 @@ class Rejection:
 
 
 @dataclass(frozen=True)
-class GridSamplerUnit:
-    """One grid sampler as the backend sees it: the op, the shapes, and the nodes of its unit
-    (dequantize -> grid_sampler_2d -> quantize, or the grid sampler alone when float). Where
-    the program has dynamic dimensions (``torch.export`` ``Dim``s), ``image_shape`` and
-    ``grid_shape`` are the upper bounds and ``image_min_shape`` and ``grid_min_shape`` the lower
-    bounds (equal to the shapes where every dimension is fixed)."""
+class GridSamplerUnit(SamplerShapes):
+    """One grid sampler as the backend sees it: the op, the shapes (where the program has
+    dynamic dimensions, ``torch.export`` ``Dim``s: their bounds) and the nodes of its unit
+    (dequantize -> grid_sampler_2d -> quantize, or the grid sampler alone when float)."""
 
-    op: GridSampleOp
-    image_shape: tuple[int, int, int, int]
-    grid_shape: tuple[int, int, int, int]
-    nodes: tuple[Node, ...]
-    image_min_shape: tuple[int, ...] = ()
-    grid_min_shape: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.image_min_shape:
-            object.__setattr__(self, "image_min_shape", tuple(self.image_shape))
-        if not self.grid_min_shape:
-            object.__setattr__(self, "grid_min_shape", tuple(self.grid_shape))
-
-    @property
-    def is_dynamic(self) -> bool:
-        """True when a dimension of the image or the grid is dynamic."""
-        image_fixed = tuple(self.image_min_shape) == tuple(self.image_shape)
-        grid_fixed = tuple(self.grid_min_shape) == tuple(self.grid_shape)
-        return not (image_fixed and grid_fixed)
+    nodes: tuple[Node, ...] = field(kw_only=True)
 
 
 class UnsupportedGridSamplerError(ValueError):
@@ -217,9 +202,9 @@ def unit_of(node: Node) -> GridSamplerUnit:
         op,
         image_shape,  # type: ignore[arg-type]
         grid_shape,  # type: ignore[arg-type]
-        tuple(nodes),
         image_lower,
         grid_lower,
+        nodes=tuple(nodes),
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, TypeAlias
 
@@ -16,6 +16,7 @@ from torch.export import ExportedProgram
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_exporter.core.diagnostics import root_cause
+from etkit_quant import check_calibration
 from etkit_quant.boundary import GRID_MATHS
 from etkit_quant.graph import is_grid_sampler
 
@@ -82,6 +83,37 @@ class QuantOptions:
     samples: tuple[tuple[torch.Tensor, ...], ...]
     on_sample: Callable[[int, int], None] | None
     grid_math: str = "float"
+
+
+def quant_options(
+    *,
+    enabled: bool,
+    inputs: tuple[torch.Tensor, ...],
+    quantized_input_qspecs: Sequence[QuantizationSpec | None] | None,
+    quantized_output_qspecs: Sequence[QuantizationSpec | None] | None,
+    sampler_image: SamplerQSpec,
+    sampler_grid: SamplerQSpec,
+    sampler_output: SamplerQSpec,
+    calibration: Iterable[tuple[torch.Tensor, ...]] | None,
+    on_sample: Callable[[int, int], None] | None,
+    grid_math: object,
+) -> QuantOptions:
+    """``export_model``'s and ``qat_prepare``'s quantization arguments checked (one line for a
+    caller's mistake, uint8 refused when quantizing) into ``QuantOptions``."""
+    quant = QuantOptions(
+        enabled=enabled,
+        inputs=check_qspec_list(quantized_input_qspecs, "quantized_input_qspecs"),
+        outputs=check_qspec_list(quantized_output_qspecs, "quantized_output_qspecs"),
+        sampler_image=sampler_image,
+        sampler_grid=sampler_grid,
+        sampler_output=sampler_output,
+        samples=tuple(check_calibration(calibration, inputs)),
+        on_sample=on_sample,
+        grid_math=check_grid_math(grid_math),
+    )
+    if quant.enabled:
+        refuse_unsigned(quant)
+    return quant
 
 
 def check_arguments(

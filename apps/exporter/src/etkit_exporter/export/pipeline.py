@@ -47,11 +47,9 @@ from etkit_exporter.export.arguments import (
     check_arguments,
     check_extra_artifacts,
     check_forward,
-    check_grid_math,
     check_grid_samplers,
-    check_qspec_list,
     check_tosa_spec,
-    refuse_unsigned,
+    quant_options,
 )
 from etkit_exporter.export.average_pools import vgf_average_pools
 from etkit_exporter.export.lowering import (
@@ -88,7 +86,6 @@ from etkit_quant import (
     ObserverStates,
     Saturation,
     boundary_fixed_qspecs,
-    check_calibration,
     clipping_report,
     observer_states,
 )
@@ -268,19 +265,18 @@ def export_model(
     verify = verify or bundle or verify_tolerance is not None  # each implies a verification
     check_forward(model.eval(), inputs)
     sizing.check_forward_at_sizes(model, inputs, plan)
-    quant = QuantOptions(
+    quant = quant_options(
         enabled=enable_pt2e_quantization,
-        inputs=check_qspec_list(quantized_input_qspecs, "quantized_input_qspecs"),
-        outputs=check_qspec_list(quantized_output_qspecs, "quantized_output_qspecs"),
+        inputs=inputs,
+        quantized_input_qspecs=quantized_input_qspecs,
+        quantized_output_qspecs=quantized_output_qspecs,
         sampler_image=grid_sampler_image_qspec,
         sampler_grid=grid_sampler_grid_qspec,
         sampler_output=grid_sampler_output_qspec if quantize_grid_sample_output else None,
-        samples=tuple(check_calibration(calibration, inputs)),
+        calibration=calibration,
         on_sample=on_calibration_sample,
-        grid_math=check_grid_math(grid_math),
+        grid_math=grid_math,
     )
-    if quant.enabled:
-        refuse_unsigned(quant)
     destination = check_destination(root, force)
     failed = failed_destination(root, force) if verify else None
     for note in destination.notes:

@@ -34,15 +34,12 @@ from etkit_exporter.core.io_params import float_output
 from etkit_exporter.export.arguments import (
     CALIBRATED,
     QspecCountError,
-    QuantOptions,
     SamplerQSpec,
     check_arguments,
     check_forward,
-    check_grid_math,
     check_grid_samplers,
-    check_qspec_list,
     check_tosa_spec,
-    refuse_unsigned,
+    quant_options,
 )
 from etkit_exporter.export.average_pools import vgf_average_pools
 from etkit_exporter.export.quantization import boundary_quantizer
@@ -52,7 +49,6 @@ from etkit_quant import (
     BoundaryQuantizer,
     QatGraphModule,
     Saturation,
-    check_calibration,
     convert_qat,
     fake_quant_params,
     fixed,
@@ -118,18 +114,18 @@ def qat_prepare(
     modes = [m.training for m in model.modules()]
     try:
         check_forward(model.eval(), inputs)
-        quant = QuantOptions(
+        quant = quant_options(
             enabled=True,
-            inputs=check_qspec_list(quantized_input_qspecs, "quantized_input_qspecs"),
-            outputs=check_qspec_list(quantized_output_qspecs, "quantized_output_qspecs"),
+            inputs=inputs,
+            quantized_input_qspecs=quantized_input_qspecs,
+            quantized_output_qspecs=quantized_output_qspecs,
             sampler_image=grid_sampler_image_qspec,
             sampler_grid=grid_sampler_grid_qspec,
             sampler_output=grid_sampler_output_qspec if quantize_grid_sample_output else None,
-            samples=tuple(check_calibration(calibration, inputs)),
+            calibration=calibration,
             on_sample=on_calibration_sample,
-            grid_math=check_grid_math(grid_math),
+            grid_math=grid_math,
         )
-        refuse_unsigned(quant)
         exported = torch.export.export(model, inputs, strict=True)
     finally:
         for module, training in zip(model.modules(), modes, strict=True):
