@@ -1,20 +1,23 @@
 """Quantization-aware training against post-training quantization, on a frame interpolator.
 
-Run on demand (not in CI; 5-12 minutes on 2 shared cores, most of it the float pre-training):
+Run on demand (not in CI; 4-6 minutes on one core, 2 of them the float pre-training, which
+``--checkpoint`` saves for the next run):
 
-    .venv/bin/python bench/qat_bench.py [--size 32x48] [--pretrain-steps 800]
-        [--finetune-steps 150] [--batch 8] [--test 16] [--max-flow 3] [--channels 16]
-        [--checkpoint ckpt.pt] [--out qat-bench.json]
+    .venv/bin/python bench/qat_bench.py [--size 32x48] [--train 256] [--pretrain-steps 4000]
+        [--pretrain-lr 3e-3] [--finetune-steps 300] [--finetune-lr 2e-4] [--batch 8]
+        [--test 16] [--max-flow 3] [--channels 16] [--checkpoint ckpt.pt] [--out qat-bench.json]
 
 One network (``InterpNet``, shaped like RIFE's IFBlock: four dilated 3x3 convs over both frames;
 one conv writes the flow, divided by ``DIV_FLOW`` as FlowNet and PWC-Net predict it, and a blend
 mask's logit, so both share one int8 scale and the flow's steps are coarse; frame 0 warped
 forward by half the flow, frame 2 back by half, blended by the mask) is trained in float from
-scratch on moving textures with a known flow (``triplets``: frame 0, the true middle frame and
+scratch to convergence (Adam, its learning rate annealed to 0 on a cosine) on moving textures
+with pixel-level detail and a known flow (``triplets``: frame 0, the true middle frame and
 frame 2, the texture sampled at ``p + t * flow(p)``; the flow supervised too) into one float
 checkpoint (``--checkpoint``: loaded when the file exists, else trained and saved there); then,
-from that checkpoint, the same fine-tuning steps (Adam, the same batches, the L1 error of the
-interpolated frame) four ways:
+from that checkpoint, the same fine-tuning steps (Adam at a fifteenth of the pre-training's
+rate, annealed the same way; the same batches; the L1 error of the interpolated frame) four
+ways:
 
 - ``float``: in float; exported without quantization (XNNPACK, float32);
 - ``ptq``: the float variant's model quantized after training by ``export_model`` (calibrated
@@ -107,8 +110,9 @@ def triplets(
     count: int, height: int, width: int, max_flow: float, seed: int
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
     """``count`` (frame 0, true middle frame, frame 2, flow), each frame 1 x 3 x H x W in
-    [-1, 1], the flow 1 x 2 x H x W in pixels (x then y): a smooth
-    random texture (noise at 1/2, 1/4 and 1/8 of the size) sampled at ``p + t * flow(p)``, t = 0,
+    [-1, 1], the flow 1 x 2 x H x W in pixels (x then y): a random texture (noise at full
+    size, 1/2, 1/4 and 1/8 of it: detail at the pixel level, where a sub-pixel error in the
+    flow shows) sampled at ``p + t * flow(p)``, t = 0,
     0.5, 1, where ``flow`` is a random translation plus a gentle field, up to ``max_flow`` px."""
     generator = torch.Generator().manual_seed(seed)
     base = pixel_centres(height, width)
@@ -116,9 +120,11 @@ def triplets(
     samples = []
     for _ in range(count):
         texture = torch.zeros(1, 3, height, width)
-        for factor, weight in ((2, 0.8), (4, 0.6), (8, 0.4)):
+        for factor, weight in ((1, 0.3), (2, 0.8), (4, 0.6), (8, 0.4)):
             noise = torch.randn(1, 3, height // factor, width // factor, generator=generator)
-            texture += weight * F.interpolate(noise, (height, width), mode="bicubic")
+            if factor > 1:
+                noise = F.interpolate(noise, (height, width), mode="bicubic")
+            texture += weight * noise
         texture = torch.tanh(texture)
         shift = (torch.rand(1, 2, 1, 1, generator=generator) * 2 - 1) * 0.75 * max_flow
         field = (torch.rand(1, 2, 3, 4, generator=generator) * 2 - 1) * 0.25 * max_flow
@@ -151,9 +157,11 @@ def train(
     model: torch.nn.Module, steps: list[Any], lr: float, flow_weight: float = 0.0
 ) -> list[float]:
     """Adam on the L1 error of the interpolated frame (plus, with ``flow_weight``, of the flow:
-    the float pre-training, which knows the true flow)."""
+    the float pre-training, which knows the true flow), its learning rate annealed from ``lr``
+    to 0 on a cosine over the steps."""
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, len(steps))
     losses = []
     for frame0, middle, frame2, flow in steps:
         loss = F.l1_loss(model(frame0, frame2), middle)
@@ -163,6 +171,7 @@ def train(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
         losses.append(float(loss.detach()))
     return losses
 
@@ -206,8 +215,11 @@ def run_program(result: Any, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="32x48")
-    parser.add_argument("--pretrain-steps", type=int, default=800)
-    parser.add_argument("--finetune-steps", type=int, default=150)
+    parser.add_argument("--train", type=int, default=256, help="training triplets")
+    parser.add_argument("--pretrain-steps", type=int, default=4000)
+    parser.add_argument("--pretrain-lr", type=float, default=3e-3)
+    parser.add_argument("--finetune-steps", type=int, default=300)
+    parser.add_argument("--finetune-lr", type=float, default=2e-4)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--test", type=int, default=16)
     parser.add_argument("--max-flow", type=float, default=3.0)
@@ -226,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     torch.manual_seed(0)
-    data = triplets(64, height, width, args.max_flow, seed=1)
+    data = triplets(args.train, height, width, args.max_flow, seed=1)
     test = triplets(args.test, height, width, args.max_flow, seed=2)
     calibration = [(f0, f2) for f0, _, f2, _ in data[:16]]
     example = (test[0][0], test[0][2])
@@ -236,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(torch.load(args.checkpoint, weights_only=True))
         print(f"float checkpoint: {args.checkpoint}", flush=True)
     else:
-        pre = train(model, batches(data, args.batch, args.pretrain_steps, seed=3), 3e-3, 0.5)
+        pre = train(
+            model, batches(data, args.batch, args.pretrain_steps, seed=3), args.pretrain_lr, 0.5
+        )
         model.eval()
         print(f"float checkpoint: {args.pretrain_steps} steps, loss {pre[0]:.4f} -> "
               f"{pre[-1]:.4f} ({time.perf_counter() - start:.0f} s)", flush=True)  # fmt: skip
@@ -264,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         floating = InterpNet(height, width, args.channels)
         floating.load_state_dict(checkpoint)
         t = time.perf_counter()
-        losses = train(floating, finetune, lr=5e-4)
+        losses = train(floating, finetune, lr=args.finetune_lr)
         floating.eval()
         rows["float"] = {"loss": [losses[0], losses[-1]], "train_s": time.perf_counter() - t}
         print(f"float: {args.finetune_steps} steps in {rows['float']['train_s']:.0f} s, L1 "
@@ -283,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 exact_samplers=exact,
             )  # fmt: skip
             t = time.perf_counter()
-            losses = train(prepared, finetune, lr=5e-4)
+            losses = train(prepared, finetune, lr=args.finetune_lr)
             rows[name] = {"loss": [losses[0], losses[-1]], "train_s": time.perf_counter() - t}
             one = qat_prepare(  # the same frames one by one: the same qspecs, state names
                 InterpNet(height, width, args.channels), example, target="xnnpack",

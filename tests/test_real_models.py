@@ -164,7 +164,16 @@ def vgf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     return _export(request.param, "vgf", tmp_path_factory.mktemp("vgf") / request.param)
 
 
-@pytest.fixture(scope="module", params=VGF_MODELS)
+# The split path of the two largest networks (RIFE, RAFT: 3-4 minutes of CI time between them)
+# runs on demand (pytest -m extended); the one-VGF path of each and the split path of every
+# other model run in CI.
+SPLIT_ON_DEMAND = ("raft", "rife")
+VGF_SPLIT_MODELS = [
+    pytest.param(p, marks=pytest.mark.extended) if p in SPLIT_ON_DEMAND else p for p in VGF_MODELS
+]
+
+
+@pytest.fixture(scope="module", params=VGF_SPLIT_MODELS)
 def vgf_split(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Exported:
     """The split path: every grid sampler in etkit's own delegate, its calls checked one by
     one."""

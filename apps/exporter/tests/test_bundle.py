@@ -15,7 +15,13 @@ import pytest
 import torch
 
 from etkit_exporter import ExportResult, export_model
-from etkit_exporter.check.bundle import BundleError, bundle_bytes, read_bundle, run_bundle
+from etkit_exporter.check.bundle import (
+    BundleCase,
+    BundleError,
+    bundle_bytes,
+    read_bundle,
+    run_bundle,
+)
 from etkit_exporter.export.demos import DEMOS
 
 
@@ -52,7 +58,9 @@ def _mutated(result: ExportResult, folder: Path) -> Path:
     first[3] = first[3] + 1 if first[3] < 100 else first[3] - 1
     changed[0] = first.reshape(changed[0].shape)
     (folder / "model.pte").write_bytes(bundle.program)
-    (folder / "model.bpte").write_bytes(bundle_bytes(folder / "model.pte", inputs, changed))
+    (folder / "model.bpte").write_bytes(
+        bundle_bytes(folder / "model.pte", [BundleCase("forward", inputs, changed)])
+    )
     return folder / "model.bpte"
 
 

@@ -17,6 +17,7 @@ from executorch.exir._serialize._program import deserialize_pte_binary
 from torch.export import Dim
 
 from etkit_exporter import export_model
+from etkit_exporter.check.bundle import compare, read_bundle, run_bundle
 from etkit_exporter.check.verify import verify_run
 from etkit_exporter.cli.config import read_config, render_config
 from etkit_exporter.cli.run import run_export
@@ -78,7 +79,7 @@ def enumerated(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model, inputs = DEMOS["flow-warp"]()
     root = tmp_path_factory.mktemp("sizes") / "enumerated"
     return export_model(model, inputs, artifacts_root=root, target="xnnpack", sizes=SIZES,
-                        verify=True)  # fmt: skip
+                        verify=True, bundle=True)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def ranged(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model = AnySizeFlowWarp().eval()
     root = tmp_path_factory.mktemp("sizes") / "range"
     result = export_model(model, _frames(32, 48, 0), artifacts_root=root, target="xnnpack",
-                          dynamic_size=RANGE, verify=True)  # fmt: skip
+                          dynamic_size=RANGE, verify=True, bundle=True)  # fmt: skip
     return model, result
 
 
@@ -170,6 +171,29 @@ def test_range_export_runs_and_verifies_at_five_sizes(ranged: Any) -> None:
     assert tuple(run.outputs[0].shape) == (1, 3, 40, 88)
     plan = deserialize_pte_binary(result.pte_path.read_bytes()).program.execution_plan
     assert [p.name for p in plan if p.name.startswith("forward")] == ["forward"]
+
+
+def test_the_bundle_holds_every_verified_method_and_size(enumerated: Any, ranged: Any) -> None:
+    """--bundle: a test case per method (enumerated), per verified size (a range), each the
+    verified run's inputs and outputs at its size, and each passes on the written program."""
+    bundle = read_bundle(enumerated.artifacts_root / "model.bpte")
+    assert {m: [tuple(i[0].shape) for i, _ in c] for m, c in bundle.cases.items()} == {
+        "forward": [(1, 3, 32, 48)], "forward_24x40": [(1, 3, 24, 40)],
+        "forward_40x56": [(1, 3, 40, 56)],
+    }  # fmt: skip
+    _, checks = run_bundle(enumerated.artifacts_root / "model.bpte")
+    assert {c.method for c in checks} == set(bundle.cases) and all(c.passes for c in checks)
+    _, result = ranged
+    bundle = read_bundle(result.artifacts_root / "model.bpte")
+    heights = [tuple(e[0].shape[-2:]) for e, _ in bundle.cases["forward"]]
+    assert list(bundle.cases) == ["forward"]
+    assert heights == [(32, 48), (16, 16), (48, 64), (64, 96)]
+    _, checks = run_bundle(result.artifacts_root / "model.bpte")
+    assert len(checks) == 4 and all(c.passes for c in checks)
+    # a case changed by one step on one value is a mismatch: the check can fail
+    broken = bundle.cases["forward"][1][1][0].clone()
+    broken.view(-1)[0] += 1
+    assert not compare([broken], bundle.cases["forward"][1][1], None)[0].passes
 
 
 def test_range_refuses_a_size_outside_it_at_run_time(ranged: Any, tmp_path: Path) -> None:
@@ -305,7 +329,7 @@ def test_enumerated_vgf_export_is_a_vgf_per_size_each_verified(tmp_path: Path) -
     runner on Vulkan; the extra methods' bytes in the report (a VGF shares no weights)."""
     model, inputs = DEMOS["flow-warp"]()
     result = export_model(model, inputs, artifacts_root=tmp_path / "vgf", target="vgf",
-                          sizes=SIZES[:2], verify=True)  # fmt: skip
+                          sizes=SIZES[:2], verify=True, scenario=True)  # fmt: skip
     sizes = result.sizes
     assert sizes["methods"] == {"forward": "32x48", "forward_24x40": "24x40"}
     assert [(e["method"], e["result"]) for e in sizes["verified"]] == [
@@ -319,3 +343,13 @@ def test_enumerated_vgf_export_is_a_vgf_per_size_each_verified(tmp_path: Path) -
     assert set(spent["methods_alone"]) == {"forward", "forward_24x40"}
     # a VGF holds its weights: the program is about the two methods' programs together
     assert spent["program"] < sum(spent["methods_alone"].values())
+    # --scenario: one scenario per method, each run on Vulkan and equal to the program's method
+    report = json.loads((result.artifacts_root / "report.json").read_text())
+    scenarios = {"forward": report["scenario"], **report["scenario"]["methods"]}
+    assert {m: (s["written"], s["folder"]) for m, s in scenarios.items()} == {
+        "forward": (True, "scenario"), "forward_24x40": (True, "scenario_forward_24x40"),
+    }, scenarios  # fmt: skip
+    assert all("equal the program's" in s["checked"] for s in scenarios.values())
+    side = json.loads((result.artifacts_root / "scenario_forward_24x40/etkit_scenario.json")
+                      .read_text())  # fmt: skip
+    assert [io["shape"][-2:] for io in side["inputs"]] == [[24, 40]] * 2, side["inputs"]

@@ -283,7 +283,10 @@ def test_grid_sampler_hook(
     flow_weight = next(p for n, p in replaced.named_parameters() if p.shape[:2] == (2, 6))
     assert flow_weight.grad is not None and bool(flow_weight.grad.abs().sum() > 0)
 
-    # convert puts PyTorch's sampler back, between the same quantizes.
+    # convert puts PyTorch's sampler back, between the same quantizes. (Each train forward
+    # moves the observed ranges, a moving average: plain takes those replaced's second forward
+    # moved, and its weights, which no step changed.)
+    plain.load_state_dict(replaced.state_dict())
     converted, reference = convert_qat(replaced), convert_qat(plain)
     assert len(grid_sample_nodes(converted)) == 1
     assert not any(n.op == "call_module" for n in converted.graph.nodes)
@@ -396,3 +399,59 @@ def test_a_ptq_base_is_refused() -> None:
     inputs = frames(1)[0]
     with pytest.raises(ValueError, match=r"not a fake quantize: configure its base for QAT"):
         prepare_qat(FlowWarp(), inputs, vgf_quantizer(is_qat=False), calibration=[inputs])
+
+
+def test_observed_range_covers_calibration_then_moves_as_an_average() -> None:
+    """The flow's ``observed_int8`` range covers every calibration sample, as ``quantize``'s
+    calibration does (the converted model's quantize parameters are the PTQ path's); while
+    training it moves 1 % of the way towards each batch's min and max (narrower batches
+    shrink it), except that a batch beyond it widens it at once (an outlier widens it for a
+    while, not for good)."""
+    torch.manual_seed(3)
+    model, samples = FlowWarp(), frames(4)
+    prepared = prepare_qat(model, samples[0], xnnpack_quantizer(), calibration=samples)
+    (observed,) = [
+        m
+        for m in prepared.modules()
+        if isinstance(m, FakeQuantizeBase)
+        and not isinstance(m, FixedQParamsFakeQuantize)
+        and m.qscheme == torch.per_tensor_affine
+        and m.activation_post_process.quant_min == -127  # observed_int8 (the base's: -128)
+    ]
+    observer = observed.activation_post_process
+    with torch.no_grad():
+        flows = torch.cat([model.flow(torch.cat(s, 1)) for s in samples])
+    assert float(observer.min_val) == pytest.approx(float(flows.min()), abs=1e-6)
+    assert float(observer.max_val) == pytest.approx(float(flows.max()), abs=1e-6)
+    ptq = quantize(model.eval(), samples[0], xnnpack_quantizer(), calibration=samples)
+    qat_params, ptq_params = quantize_params(convert_qat(prepared)), quantize_params(ptq)
+    assert len(qat_params) == len(ptq_params)
+    for q, p in zip(qat_params, ptq_params, strict=True):  # (float rounding: scale 1e-6 apart)
+        assert q[2:] == p[2:] and q[0] == pytest.approx(p[0], rel=1e-4), (q, p)
+        assert abs(q[1] - p[1]) <= 1, (q, p)
+
+    # Train forwards on frames of a tenth the contrast (a narrower flow): a min/max would stay
+    # where calibration left it; the average moves 1 % of the way each time (0.99**200: 13 %
+    # of the gap left).
+    low, high = float(observer.min_val), float(observer.max_val)
+    narrow = (samples[0][0] * 0.1, samples[0][1] * 0.1)
+    with torch.no_grad():
+        narrow_flow = model.flow(torch.cat(narrow, 1))
+        for _ in range(200):
+            prepared(*narrow)
+    assert float(observer.max_val) < high and float(observer.min_val) > low
+    span = float(observer.max_val - observer.min_val)
+    narrow_span = float(narrow_flow.max() - narrow_flow.min())
+    assert abs(span - narrow_span) < 0.2 * (high - low - narrow_span), (span, narrow_span)
+    # A batch beyond the range widens it at once: nothing a training forward sees is clipped.
+    # (Fed to the observer itself: the base's fake quantizes before it, plain moving averages,
+    # have narrowed too and would clip full-contrast frames now.)
+    observer(torch.tensor([low - 1.0, 0.0, high + 2.0]))
+    assert float(observer.min_val) == pytest.approx(low - 1.0, abs=1e-6)
+    assert float(observer.max_val) == pytest.approx(high + 2.0, abs=1e-6)
+    # eval freezes it (the range convert_qat takes).
+    prepared.eval()
+    held = observed.scale.detach().clone()
+    with torch.no_grad():
+        prepared(*samples[1])
+    assert torch.equal(observed.scale, held)

@@ -23,6 +23,7 @@ from torchao.quantization.pt2e.fake_quantize import (
     FixedQParamsFakeQuantize,
     FusedMovingAvgObsFakeQuantize,
 )
+from torchao.quantization.pt2e.observer import MinMaxObserver, MovingAverageMinMaxObserver
 from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_qat_pt2e
 from torchao.quantization.pt2e.quantizer import (
     FixedQParamsQuantizationSpec,
@@ -128,8 +129,13 @@ def prepare_qat(
     Every qspec of a fixed-parameter preset (SNORM images, int16 grids, fixed boundaries)
     becomes a fake quantize with those parameters, which nothing moves; an ``observed_int8`` or
     ``observed_int16`` one (a flow entering the coordinate arithmetic) a fake quantize whose
-    observer (``MinMaxObserver``) keeps observing while training, as the base's fake quantizes
-    do (moving-average min/max): those ranges follow the data.
+    observer covers every calibration sample (a ``MinMaxObserver``'s range, as ``quantize``
+    calibrates it) and then, while training, every batch it sees, and otherwise follows a
+    moving average of each batch's min and max (constant 0.01, as the base's fake quantizes
+    observe): a batch beyond the range widens it at once, one within it narrows it by 1 % of
+    the difference, so the range follows the data as training moves it, shrinking too (a
+    min/max over every training batch would only grow, each outlier making the flow's steps
+    coarser for good; a plain moving average would clip the batches that outgrow it).
 
     Ranges are initialised by running ``calibration`` (one tuple of inputs per sample, checked
     as ``check_calibration`` checks them; at least one) through the module in eval mode with
@@ -193,6 +199,9 @@ def prepare_qat(
             if on_sample is not None:
                 on_sample(done, len(samples))
     for name, fq in fake_quants.items():
+        observer = fq.activation_post_process
+        if isinstance(observer, _CalibratedMovingAverageObserver):
+            observer.calibrating = False  # from now on, a moving average
         _hold_observed(fq)
         fq.enable_fake_quant(enabled[name])
         fq.disable_observer()  # as eval left them; train() restores each
@@ -475,7 +484,7 @@ class _QatQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             converted = QuantizationSpec(
                 dtype=qspec.dtype,
                 observer_or_fake_quant_ctr=FakeQuantize.with_args(
-                    observer=qspec.observer_or_fake_quant_ctr
+                    observer=_training_observer(qspec.observer_or_fake_quant_ctr)
                 ),
                 quant_min=qspec.quant_min,
                 quant_max=qspec.quant_max,
@@ -491,6 +500,37 @@ class _QatQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             )
         self._converted[qspec] = converted
         return converted
+
+
+class _CalibratedMovingAverageObserver(MovingAverageMinMaxObserver):  # type: ignore[misc]
+    """The observer of an observed etkit qspec in QAT. While ``calibrating`` (``prepare_qat``'s
+    calibration pass), a ``MinMaxObserver``: the range covers every sample, as ``quantize``'s
+    calibration. Then, while training, a moving average that covers each batch: a batch beyond
+    the range widens it to the batch's min or max at once (nothing a training forward sees is
+    clipped), one within it moves min and max ``averaging_constant`` of the way towards the
+    batch's (as torchao's QAT fake quantizes observe), so an outlier's width fades."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calibrating = True
+
+    def forward(self, x_orig: torch.Tensor) -> torch.Tensor:
+        if self.calibrating or bool(torch.isinf(self.min_val)) or x_orig.numel() == 0:
+            result: torch.Tensor = MinMaxObserver.forward(self, x_orig)
+            return result
+        low, high = torch.aminmax(x_orig.detach().to(self.min_val.dtype))
+        rate = self.averaging_constant
+        self.min_val.copy_(torch.minimum(low, self.min_val + rate * (low - self.min_val)))
+        self.max_val.copy_(torch.maximum(high, self.max_val + rate * (high - self.max_val)))
+        return x_orig
+
+
+def _training_observer(ctr: object) -> object:
+    """The observer an observed etkit qspec's fake quantize trains with: a ``MinMaxObserver``
+    becomes ``_CalibratedMovingAverageObserver`` (its arguments kept); any other is kept."""
+    if ctr is MinMaxObserver:
+        return _CalibratedMovingAverageObserver
+    return ctr
 
 
 _CONV_TARGETS: Final = frozenset(

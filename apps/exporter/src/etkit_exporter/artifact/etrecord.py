@@ -150,6 +150,10 @@ _GRAPH_ID: Final = re.compile(rb'(\\*"graph_id\\*"\s*:\s*)(\d+)')
 _ADDRESS: Final = re.compile(rb" at 0x[0-9a-fA-F]+>")
 # FX's generated code in stack traces: "<eval_with_key>.267", numbered per process
 _GENERATED_FILE: Final = re.compile(rb"<eval_with_key>\.\d+")
+# An ``nn_module_stack`` entry ("key,path,type", entries joined by ";") whose key is a module's
+# ``id()`` (torch.export keys a submodule called from the top module's code so): the key is the
+# first field of an entry, at the start of the string or after a ";"
+_MODULE_ID_KEY: Final = re.compile(rb'([;"])(\d{6,})(,)')
 _EXPORT_GRAPH_ID: Final = "export_graph_id"
 _FIXED_TIME: Final = (1980, 1, 1, 0, 0, 0)
 
@@ -158,14 +162,19 @@ def reproducible_record(data: bytes) -> bytes:
     """A saved ETRecord (a zip) made the same for the same export on any run: the graph ids in
     its programs' node provenance and its ``export_graph_id`` (addresses in memory) renumbered in
     order of first appearance, the same number for the same id throughout the record (so the
-    provenance still matches across its programs); the addresses in builtin targets' reprs
-    zeroed; the per-process number of FX's generated files in stack traces dropped; every
-    member's time stamp fixed."""
+    provenance still matches across its programs); the module ids that key ``nn_module_stack``
+    entries renumbered the same way; the addresses in builtin targets' reprs zeroed; the
+    per-process number of FX's generated files in stack traces dropped; every member's time
+    stamp fixed."""
     numbers: dict[bytes, bytes] = {}
+    modules: dict[bytes, bytes] = {}
 
     def renumber(match: re.Match[bytes]) -> bytes:
         number = numbers.setdefault(match[2], str(len(numbers)).encode())
         return match[1] + number
+
+    def renumber_module(match: re.Match[bytes]) -> bytes:
+        return match[1] + modules.setdefault(match[2], str(len(modules)).encode()) + match[3]
 
     source = zipfile.ZipFile(io.BytesIO(data))
     output = io.BytesIO()
@@ -177,6 +186,7 @@ def reproducible_record(data: bytes) -> bytes:
                 content = numbers.setdefault(value, str(len(numbers)).encode())
             elif content[:1] == b"{":  # a program's JSON, not its tensors
                 content = _GRAPH_ID.sub(renumber, content)
+                content = _MODULE_ID_KEY.sub(renumber_module, content)
                 content = _GENERATED_FILE.sub(
                     b"<eval_with_key>", _ADDRESS.sub(b" at 0x0>", content)
                 )

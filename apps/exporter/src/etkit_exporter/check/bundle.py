@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -55,6 +56,7 @@ class OutputCheck:
     tolerance_steps: float
     over: int = 0  # values more than tolerance_steps off
     max_fraction: float = 0.0
+    method: str = "forward"
 
     @property
     def passes(self) -> bool:
@@ -64,27 +66,51 @@ class OutputCheck:
         return within_tolerance(self.over, self.total, self.max_fraction)
 
 
-def bundle_bytes(
-    pte: Path, inputs: list[torch.Tensor], expected: list[torch.Tensor], method: str = "forward"
-) -> bytes:
-    """The ``.bpte`` of the program in ``pte`` with one test case: ``inputs`` and the
-    ``expected`` outputs (each in the program's own dtype and dim order)."""
+@dataclass(frozen=True)
+class BundleCase:
+    """One test case to bundle: the method it calls, its inputs and the expected outputs (each
+    in the program's own dtype and dim order)."""
 
-    case = MethodTestCase(inputs=list(inputs), expected_outputs=list(expected))
-    suite = MethodTestSuite(method_name=method, test_cases=[case])
-    in_schema = BundledProgram(None, [suite], pte_file_path=str(pte)).serialize_to_schema()
+    method: str
+    inputs: list[torch.Tensor]
+    expected: list[torch.Tensor]
+
+
+def bundle_bytes(pte: Path, cases: Sequence[BundleCase]) -> bytes:
+    """The ``.bpte`` of the program in ``pte`` with ``cases``: one test suite per method (in
+    the order the cases first name them), its cases in the order given."""
+    if not cases:
+        raise ValueError("a bundle needs at least one test case")
+    suites: dict[str, list[BundleCase]] = {}
+    for case in cases:
+        suites.setdefault(case.method, []).append(case)
+    in_schema = BundledProgram(
+        None,
+        [
+            MethodTestSuite(
+                method_name=method,
+                test_cases=[
+                    MethodTestCase(inputs=list(c.inputs), expected_outputs=list(c.expected))
+                    for c in method_cases
+                ],
+            )
+            for method, method_cases in suites.items()
+        ],
+        pte_file_path=str(pte),
+    ).serialize_to_schema()
     # ExecuTorch stores every tensor contiguous (dim order 0, 1, 2, 3) whatever its layout; a
     # runtime copies bundled bytes into the program's input as they are, so a channels-last
     # input would get NCHW bytes. Store each channels-last tensor in its own dim order.
-    (bundled_case,) = in_schema.method_test_suites[0].test_cases
-    for values, tensors in (
-        (bundled_case.inputs, inputs),
-        (bundled_case.expected_outputs, expected),
-    ):
-        for value, tensor in zip(values, tensors, strict=True):
-            if isinstance(value.val, schema.Tensor) and _is_channels_last(tensor):
-                value.val.data = _bytes(tensor.permute(0, 2, 3, 1).contiguous())
-                value.val.dim_order = [0, 2, 3, 1]
+    for suite, method_cases in zip(in_schema.method_test_suites, suites.values(), strict=True):
+        for bundled_case, case in zip(suite.test_cases, method_cases, strict=True):
+            for values, tensors in (
+                (bundled_case.inputs, case.inputs),
+                (bundled_case.expected_outputs, case.expected),
+            ):
+                for value, tensor in zip(values, tensors, strict=True):
+                    if isinstance(value.val, schema.Tensor) and _is_channels_last(tensor):
+                        value.val.data = _bytes(tensor.permute(0, 2, 3, 1).contiguous())
+                        value.val.dim_order = [0, 2, 3, 1]
     return bytes(_bundled_program_schema_to_flatbuffer(in_schema))
 
 
@@ -226,6 +252,7 @@ def compare(
     expected: list[torch.Tensor],
     sidecar_data: dict[str, Any] | None,
     case: int = 0,
+    method: str = "forward",
 ) -> list[OutputCheck]:
     """Each output against its expected value: steps apart (integer outputs: the integers;
     float outputs: in units of the sidecar's scale, or absolute), with the sidecar's tolerance
@@ -255,6 +282,7 @@ def compare(
                 tolerance_steps=limit,
                 over=int((difference > limit).sum()),
                 max_fraction=float(side.get("max_fraction", 0.0)),
+                method=method,
             )
         )
     return checks
@@ -290,7 +318,7 @@ def run_bundle(
                 actual = list(program.run(inputs, method).outputs)
             else:
                 actual = _run_in_executorch_runtime(bundle.program, method, inputs)
-            checks.extend(compare(actual, expected, sidecar_data, number))
+            checks.extend(compare(actual, expected, sidecar_data, number, method))
             number += 1
     if not number:
         raise BundleError(f"{path} holds no test case")

@@ -268,7 +268,8 @@ def _run_bundle(args: argparse.Namespace) -> int:
     for check in checks:
         verdict = "ok" if check.passes else "MISMATCH"
         print(
-            f"  case {check.case} output {check.output}: {check.differing} of {check.total} "
+            f"  case {check.case}{'' if check.method == 'forward' else f' ({check.method})'} "
+            f"output {check.output}: {check.differing} of {check.total} "
             f"values differ, max {check.max_steps:g} steps (tolerance "
             f"{check.tolerance_steps:g}): {verdict}"
         )

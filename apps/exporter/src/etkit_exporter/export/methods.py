@@ -28,6 +28,7 @@ import torch
 from executorch.exir import EdgeProgramManager
 
 from etkit_exporter.artifact.etrecord import write_etrecord
+from etkit_exporter.check.bundle import BundleCase
 from etkit_exporter.check.verify import VerifiedRun, verify_export, verify_run
 from etkit_exporter.core.io_params import with_pte_layouts
 from etkit_exporter.export.lowering import strip_build_paths
@@ -172,24 +173,25 @@ def sizes_section(
     tolerance: Any,
     float_export: bool,
     intermediates: Path,
-) -> dict[str, Any] | None:
+) -> tuple[dict[str, Any] | None, list[BundleCase]]:
     """report.json's ``sizes`` (``None`` without sizes): the plan, the bytes the methods
     cost, and with a verification (``forward``'s) every other method or size judged too (stage
-    ``verify_sizes``; a failing one fails ``verification``'s verdict)."""
+    ``verify_sizes``; a failing one fails ``verification``'s verdict); and the verified runs
+    of those other methods or sizes as test cases for a bundle."""
     if plan is None:
-        return None
+        return None, []
     section = plan.as_dict()
     if len(methods) > 1:
         section["bytes"] = program_bytes(methods, (work / "model.pte").read_bytes())
+    cases: list[BundleCase] = []
     if verification is not None:
         with stage("verify_sizes"):
-            section.update(
-                verify_sizes(
-                    work, model, methods, plan, target, verification, io_params,
-                    tolerance=tolerance, float_export=float_export, intermediates=intermediates,
-                )
+            entries, cases = verify_sizes(
+                work, model, methods, plan, target, verification, io_params,
+                tolerance=tolerance, float_export=float_export, intermediates=intermediates,
             )  # fmt: skip
-    return section
+            section["verified"] = entries
+    return section, cases
 
 
 def verify_sizes(
@@ -204,12 +206,14 @@ def verify_sizes(
     tolerance: Any,
     float_export: bool,
     intermediates: Path,
-) -> dict[str, Any]:
+) -> tuple[list[dict[str, Any]], list[BundleCase]]:
     """Every method (enumerated) or the range's verification sizes judged as ``forward`` was
     (``verification``, the forward's, is that of the example size); returns the report's
-    per-size entries and marks ``verification``'s verdict failed when any fails."""
+    per-size entries and each judged run as a test case (the written program's inputs and
+    outputs), and marks ``verification``'s verdict failed when any fails."""
     pte = work / "model.pte"
     entries: list[dict[str, Any]] = []
+    cases: list[BundleCase] = []
     forward = methods[0]
     verdict = verification.get("verdict") or {}
     entries.append(_entry(forward.name, forward.size, verdict, "the export's verification"))
@@ -225,18 +229,21 @@ def verify_sizes(
             entries.append(
                 _entry("forward", size, run.verification["verdict"], "verify_run at this size")
             )
+            cases.append(BundleCase("forward", list(run.inputs), list(run.outputs)))
     else:
         for method in methods[1:]:
-            entries.append(
-                _verify_method(pte, model, method, target, tolerance, float_export, intermediates)
+            entry, case = _verify_method(
+                pte, model, method, target, tolerance, float_export, intermediates
             )
+            entries.append(entry)
+            cases.append(case)
     failing = [e for e in entries if e["result"] == "fail"]
     if failing and verdict:
         verdict["result"] = "fail"
         verdict["failing_sizes"] = [f"{e['method']} at {e['size']}" for e in failing]
         if not verdict.get("divergence"):  # the verdict's words name what failed: these sizes
             verdict["localization_note"] = "; ".join(_failure_text(e) for e in failing)
-    return {"verified": entries}
+    return entries, cases
 
 
 def _failure_text(entry: dict[str, Any]) -> str:
@@ -277,10 +284,11 @@ def _verify_method(
     tolerance: Any,
     float_export: bool,
     intermediates: Path,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], BundleCase]:
     """``method`` verified on its own program in a scratch folder (``verify_export``: the
     verdict, and where a failing one diverges), then the written program's method held to that
-    program's outputs, bit for bit."""
+    program's outputs, bit for bit. Returns the report's entry and the written method's run as
+    a test case."""
     with tempfile.TemporaryDirectory(prefix=f"etkit-{method.name}-") as scratch:
         folder = Path(scratch)
         manager = method.lowered.manager.to_executorch()
@@ -300,7 +308,7 @@ def _verify_method(
             entry.update(result="fail", differs=f"the written program's method: {why}")
         else:
             entry["written_method"] = "returns the verified program's outputs, bit for bit"
-    return entry
+    return entry, BundleCase(method.name, list(run.inputs), list(written))
 
 
 def check_methods_load(pte: Path, methods: Sequence[Method], target: str) -> None:

@@ -8,7 +8,6 @@ import errno
 import functools
 import json
 import logging
-import shutil
 import signal
 import threading
 import time
@@ -28,12 +27,23 @@ from etkit_exporter.artifact.etrecord import write_etrecord
 from etkit_exporter.artifact.float_ops import report_section
 from etkit_exporter.artifact.report import build_report, write_report
 from etkit_exporter.artifact.staging import Staging, check_destination
-from etkit_exporter.check.bundle import BUNDLE_NAME, SIDECAR_NAME, bundle_bytes, sidecar
+from etkit_exporter.check.bundle import (
+    BUNDLE_NAME,
+    SIDECAR_NAME,
+    BundleCase,
+    bundle_bytes,
+    sidecar,
+)
 from etkit_exporter.check.verdict import check_tolerance, failed_destination, keep_failed
-from etkit_exporter.check.verify import RUNNERS, check_program_loads, verify_export
+from etkit_exporter.check.verify import (
+    RUNNERS,
+    VerifiedRun,
+    check_program_loads,
+    verify_export,
+)
 from etkit_exporter.core.diagnostics import advice, root_cause
 from etkit_exporter.core.errors import ExportError
-from etkit_exporter.core.io_params import io_table, program_input, with_pte_layouts
+from etkit_exporter.core.io_params import io_table, with_pte_layouts
 from etkit_exporter.core.version import __version__
 from etkit_exporter.export import methods as multi
 from etkit_exporter.export import sizes as sizing
@@ -58,13 +68,11 @@ from etkit_exporter.export.lowering import (
     strip_build_paths,
     target_backend,
 )
+from etkit_exporter.export.maxima import channel_maxima_last
 from etkit_exporter.export.provenance import shared_provenance
 from etkit_exporter.export.qat import QatExport, is_qat_model, qat_export, quantization_given
 from etkit_exporter.export.quantization import boundary_quantizer
-from etkit_exporter.programs import load_program
-from etkit_exporter.vgf.scenario import run_scenario
-from etkit_exporter.vgf.scenario_format import SCENARIO_DIR
-from etkit_exporter.vgf.scenario_writer import export_scenario
+from etkit_exporter.export.scenarios import export_scenario
 from etkit_gridsampler import GridSamplerBackend, GridSamplerPartitioner
 from etkit_gridsampler.call_sites import check_call_sites
 from etkit_gridsampler.vgf_shader import (
@@ -395,22 +403,26 @@ def _run(
     io_params = _write_program(
         lowered, quantized, inputs, work, intermediates, target, stages, methods
     )
-    verification = None
+    verification, run = None, None
     if verify:
-        verification = _verify(
-            work, model, quantized, inputs, io_params, target, bundle, tolerance, quant, stages,
-            qat,
-        )  # fmt: skip
-    sizes_section = multi.sizes_section(  # bytes, and every method or the range's sizes judged
+        verification, run = _verify(
+            work, model, quantized, inputs, io_params, target, tolerance, quant, stages, qat
+        )
+    sizes_section, size_cases = multi.sizes_section(  # bytes; every method or range size judged
         work, model, methods, plan, target, verification, io_params, stages.stage,
         tolerance=tolerance, float_export=not quant.enabled, intermediates=intermediates,
     )  # fmt: skip
+    if bundle and run is not None and verification is not None:
+        _bundle(work, io_params, target, verification, [_case(run), *size_cases], stages)
     scenario_section = None
-    if scenario:  # the whole program as one Vulkan scenario (docs/scenario.md)
+    if scenario:  # the whole program as one Vulkan scenario per method (docs/scenario.md)
         with stages.stage("scenario"):
             scenario_section = export_scenario(work, inputs, io_params)
-            if scenario_section.get("written"):
-                scenario_section = _checked_scenario(work, inputs, io_params, scenario_section)
+            if len(methods) > 1:
+                scenario_section["methods"] = {
+                    m.name: export_scenario(work, m.inputs, m.io_params, m.name)
+                    for m in methods[1:]
+                }
     report = _report(
         lowered, quantized, quant, target, io_params, verification, scenario_section,
         float_section, intermediates, stages,
@@ -506,6 +518,9 @@ def _quantize(
     if quantizer is not None and target == "vgf":
         with stages.stage("average_pools"):  # AVG_POOL2D as the VGF computes it right
             vgf_average_pools(graph)
+    if target == "xnnpack":
+        with stages.stage("channel_maxima"):  # maxima over channels as XNNPACK lowers them
+            channel_maxima_last(graph)
     converted: torch.nn.Module = graph
     kept: list[ObserverStates] = []
     if quantizer is not None and calibrated is not None:
@@ -533,36 +548,6 @@ def _quantize(
         exported, converted, quantizer, partitioner, spec, saturations, coordinates, dynamic,
         kept[0] if kept else None,
     )  # fmt: skip
-
-
-def _checked_scenario(
-    work: Path,
-    inputs: tuple[torch.Tensor, ...],
-    io_params: dict[str, Any],
-    section: dict[str, Any],
-) -> dict[str, Any]:
-    """The written scenario run on the example inputs against the program run by etkit's
-    runner: a scenario whose outputs differ in any byte is removed (this export wrote it) and
-    the report says so, with the numbers; never a scenario known to compute something else."""
-    args = [program_input(x, e) for x, e in zip(inputs, io_params["inputs"], strict=True)]
-    expected = [o.contiguous() for o in load_program(work / "model.pte").run(args).outputs]
-    got = run_scenario(work / SCENARIO_DIR, args)
-    differing = []
-    for index, (a, b) in enumerate(zip(expected, got, strict=True)):
-        b_tensor = torch.from_numpy(b.copy())
-        if a.shape != b_tensor.shape or not torch.equal(a, b_tensor.to(a.dtype)):
-            count = int((a != b_tensor.reshape(a.shape)).sum()) if a.numel() == b.size else -1
-            differing.append(f"output {index}: {count} of {a.numel()} values")
-    section["checked"] = "the scenario's outputs equal the program's on the example inputs"
-    if not differing:
-        return section
-    shutil.rmtree(work / SCENARIO_DIR)
-    reason = (
-        "no scenario: the written scenario's outputs differ from the program's on the example "
-        "inputs (" + "; ".join(differing) + "): not kept"
-    )
-    logger.warning("%s", reason)
-    return {"written": False, "reason": reason, "refused": [reason]}
 
 
 @dataclass
@@ -701,14 +686,13 @@ def _verify(
     inputs: tuple[torch.Tensor, ...],
     io_params: dict[str, Any],
     target: str,
-    bundle: bool,
     tolerance: Any,
     quant: QuantOptions,
     stages: _Stages,
     qat: QatExport | None = None,
-) -> dict[str, Any] | None:
-    """Stages verify and bundle: the verdict on the written program (model.bpte and its
-    sidecar written when it passes and ``bundle``). Returns the verification."""
+) -> tuple[dict[str, Any], VerifiedRun]:
+    """Stage verify: the verdict on the written program (``forward``). Returns the
+    verification and the run it judged."""
     with stages.stage("verify"):  # the verdict, and where a failing program diverges
         run = multi.verifier(quantized.dynamic, verify_export)(
             work, model, quantized.converted, inputs, io_params, target,
@@ -717,18 +701,31 @@ def _verify(
         verification = run.verification
         if qat is not None:  # the program against the QAT model's eval forward
             verification["qat_model"] = qat.compare_program(run.outputs, io_params, inputs)
-    if bundle and run.passed:  # a failed program's outputs are no test vectors
-        with stages.stage("bundle"):
-            (work / BUNDLE_NAME).write_bytes(
-                bundle_bytes(work / "model.pte", run.inputs, run.outputs)
-            )
-            side = sidecar(
-                io_params,
-                RUNNERS.get(target, "executorch.runtime"),
-                verdict=verification["verdict"],
-            )
-            (work / SIDECAR_NAME).write_text(json.dumps(side, indent=2) + "\n")
-    return verification
+    return verification, run
+
+
+def _case(run: VerifiedRun) -> BundleCase:
+    return BundleCase("forward", list(run.inputs), list(run.outputs))
+
+
+def _bundle(
+    work: Path,
+    io_params: dict[str, Any],
+    target: str,
+    verification: dict[str, Any],
+    cases: list[BundleCase],
+    stages: _Stages,
+) -> None:
+    """Stage bundle: model.bpte (every verified run as a test case: ``forward``'s, and each
+    other method's or range size's) and its sidecar, when the verdict passed (every size's): a
+    failed program's outputs are no test vectors."""
+    verdict = verification.get("verdict") or {}
+    if verdict.get("result") == "fail":
+        return
+    with stages.stage("bundle"):
+        (work / BUNDLE_NAME).write_bytes(bundle_bytes(work / "model.pte", cases))
+        side = sidecar(io_params, RUNNERS.get(target, "executorch.runtime"), verdict=verdict)
+        (work / SIDECAR_NAME).write_text(json.dumps(side, indent=2) + "\n")
 
 
 def _report(

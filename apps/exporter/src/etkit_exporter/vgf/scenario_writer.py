@@ -1,8 +1,8 @@
 """One Vulkan scenario per export: the whole program, VGF graphs and grid-sampler shader chained
 on the device, as Arm's ``scenario_runner`` runs it (docs/scenario.md).
 
-``write_scenario`` turns a ``.pte`` (its ``forward`` method, read with ``etkit_exporter.runner``)
-into a folder:
+``write_scenario`` turns a ``.pte`` (one method, ``forward`` unless told, read with
+``etkit_exporter.runner``) into a folder:
 
 - ``scenario.json``: the resources and commands, in the program's instruction order: one
   ``dispatch_vgf`` per VGF delegate call, one ``dispatch_compute`` per grid-sampler delegate
@@ -26,7 +26,6 @@ scenario runner cannot express is refused with ``ScenarioUnsupportedError`` nami
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,6 @@ from typing import Any
 import numpy.typing as npt
 import torch
 
-from etkit_exporter.core.io_params import program_input
 from etkit_exporter.vgf.scenario_format import (
     RUN_SCRIPT,
     RUN_SCRIPT_TEXT,
@@ -71,13 +69,15 @@ def write_scenario(
     pte: bytes | Path | MethodInfo,
     inputs: Sequence[torch.Tensor | npt.NDArray[Any]],
     io_params: Mapping[str, Any] | None = None,
+    method: str = "forward",
 ) -> dict[str, Any]:
-    """Writes the scenario of ``pte`` into ``folder`` (created; it must not exist or be empty)
-    with ``inputs`` (the program's inputs: its IO dtypes, logical shapes) as ``input_K.npy``.
+    """Writes the scenario of ``pte`` (its ``method``) into ``folder`` (created; it must not
+    exist or be empty) with ``inputs`` (the program's inputs: its IO dtypes, logical shapes) as
+    ``input_K.npy``.
     Returns the summary (also written as ``etkit_scenario.json``). Raises
     ``ScenarioUnsupportedError`` before writing anything when the program holds a construct the
     scenario runner cannot express."""
-    plan = plan_scenario(pte, io_params)
+    plan = plan_scenario(pte, io_params, method)
     if len(inputs) != len(plan.inputs):
         raise ValueError(f"the program takes {len(plan.inputs)} inputs, got {len(inputs)}")
     arrays = [memory_order(value, io) for value, io in zip(inputs, plan.inputs, strict=True)]
@@ -102,30 +102,6 @@ def write_scenario(
     summary["bytes"] = sum(summary["files"].values())
     (folder / SIDECAR_JSON).write_text(json.dumps(summary, indent=1) + "\n")
     return summary
-
-
-def export_scenario(
-    artifacts: Path,
-    example_inputs: Sequence[torch.Tensor],
-    io_params: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The export pipeline's hook: writes ``artifacts/scenario/`` for ``artifacts/model.pte``
-    with the example inputs in the program's IO types and layouts (quantized through
-    ``io_params``), and returns the report's ``scenario`` section (``scenario_report``). A
-    program the scenario runner cannot express gets no folder; the section says why."""
-
-    inputs = [
-        program_input(x, entry)
-        for x, entry in zip(example_inputs, io_params["inputs"], strict=True)
-    ]
-    try:
-        summary = write_scenario(
-            artifacts / SCENARIO_DIR, artifacts / "model.pte", inputs, io_params
-        )
-    except ScenarioUnsupportedError as error:
-        logging.getLogger(__name__).warning("%s", error)
-        return scenario_report(None, error)
-    return scenario_report(summary)
 
 
 def scenario_report(
