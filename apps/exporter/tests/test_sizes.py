@@ -107,6 +107,15 @@ def test_enumerated_export_has_a_method_per_size_each_verified(enumerated: Any) 
     assert report["sizes"]["methods"] == sizes["methods"]
 
 
+def test_the_summary_lists_the_methods_and_each_verdict(enumerated: Any) -> None:
+    from etkit_exporter.cli.export import _summary
+
+    text = _summary(enumerated, 1.0)
+    methods = "forward (32x48), forward_24x40 (24x40), forward_40x56 (40x56)"
+    assert f"sizes:\n  methods: {methods}" in text, text
+    assert "verified: forward at 32x48 pass, forward_24x40 at 24x40 pass" in text, text
+
+
 def test_enumerated_methods_share_quantization_and_weights(enumerated: Any) -> None:
     """One calibration serves every size: the IO parameters of every method are forward's, and
     XNNPACK's weights (named data, keyed by their hash) are stored once for all methods."""

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from etkit_exporter.artifact.sizes_text import size_lines
 from etkit_exporter.artifact.staging import raise_stop_signal
 from etkit_exporter.artifact.verdict_text import envelope_lines, tolerance_text
 from etkit_exporter.cli.config import CONFIG_NAME, OPTIONS, render_config
@@ -314,6 +315,9 @@ def _summary(result: Any, seconds: float) -> str:
         for row in result.verification.get("qat_model", []):  # a QAT-trained model (qat.py)
             steps = f"{row['max_steps']} steps max" if "max_steps" in row else "float output"
             lines.append(f"  output {row['output']} vs the QAT model's eval forward: {steps}")
+    if result.sizes:  # an export of several sizes: its methods, their bytes, each verdict
+        lines.append("sizes:")
+        lines += [f"  {line}" for line in size_lines(result.sizes)]
     lines.append("artifacts:")
     names = ("model.pte", "model.bpte", "io_quant_params.json", "report.json", "report.md",
              "export.toml")  # fmt: skip
