@@ -18,7 +18,9 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
+from etkit_quant.gather_positions import gather_position_nodes
 from etkit_quant.graph import coordinate_inputs, coordinate_nodes, is_grid_sampler, is_shape_op
+from etkit_quant.integer_operands import integer_scalar_operands
 from etkit_quant.qspecs import (
     fixed_qparams,
     is_fixed,
@@ -92,7 +94,8 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
     - with ``grid_math="float"`` (the default), removes the base's annotation from the
       coordinate arithmetic (``graph.coordinate_nodes``: the elementwise and shape ops, base
       grids and ``affine_grid`` between the last compute-heavy op and a grid sampler's grid
-      input), so grid positions are computed in float and quantized once, at the grid sampler;
+      input; and the positions and weights of index gathers, ``gather_positions``), so grid
+      positions are computed in float and quantized once, at the grid sampler;
       the layers that predict the flow or theta stay the base's, and each tensor entering the
       coordinate arithmetic (``graph.coordinate_inputs``) is quantized with
       ``coordinate_input_qspec`` (default ``observed_int8()``: calibrated, covering every
@@ -178,6 +181,7 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         # convolution into its weights in place), and an exported graph's parameters are the
         # caller's model's own tensors: the graph gets its own copies first.
         own_constants(model)
+        integer_scalar_operands(model)  # before the base turns integer arithmetic float
         result: GraphModule = self.base.transform_for_annotation(model)
         return result
 
@@ -196,7 +200,7 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             model = self.base.annotate(model)
         floated: set[Node] = set()
         if self.grid_math == "float":
-            region = coordinate_nodes(model)
+            region = coordinate_nodes(model) | gather_position_nodes(model)  # index gathers too
             for node in region:
                 if ANNOTATION_KEY in node.meta:
                     logger.debug("coordinate arithmetic %s: base annotation removed", node.name)

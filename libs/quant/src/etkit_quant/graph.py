@@ -369,8 +369,11 @@ def coordinate_inputs(model: GraphModule, region: set[Node] | None = None) -> li
 def coordinate_graph_inputs(model: GraphModule) -> list[Node]:
     """The graph inputs that flow only into coordinate arithmetic (``coordinate_nodes``) or
     straight into grid samplers' grid inputs: coordinate maps, flows and matrices given as
-    inputs, which are quantized like grids (int16). In graph order."""
-    region = coordinate_nodes(model)
+    inputs, which are quantized like grids (int16); the positions of index gathers
+    (``gather_positions``) count as coordinate arithmetic. In graph order."""
+    from etkit_quant.gather_positions import gather_position_nodes  # (it imports this module)
+
+    region = coordinate_nodes(model) | gather_position_nodes(model)
     found = []
     for node in model.graph.nodes:
         if node.op != "placeholder":

@@ -45,6 +45,8 @@ what it computes (each is tested for exact equality on the float model):
 - ``tensor_scalars``: a scalar op (``eq.Scalar``, ``add.Scalar``, ...) on a 0-dim tensor becomes
   its tensor form with a 0-dim constant (ExecuTorch's Arm quantizer turns the scalar into a
   1-element tensor of shape [1], which changes the result's shape);
+- ``promoted_constants``: an integer constant meeting a float tensor in an elementwise op
+  becomes the float constant type promotion computes with (``etkit_quant.normalize_promotions``);
 - ``ranked_scalar_constants``: a 0-dim constant meeting a tensor of rank r in an elementwise op
   becomes a constant of shape [1] * r (ExecuTorch's XNNPACK lowering indexes every quantized
   constant's first dimension).
@@ -193,6 +195,9 @@ def normalize_program(
     report.record("fold_constants", fold_constants(module, max_folded_elements))
     report.record("merge_duplicates", merge_duplicates(module))
     report.record("tensor_scalars", tensor_scalars(module))
+    from etkit_quant.normalize_promotions import promoted_constants  # (it imports this module)
+
+    report.record("promoted_constants", promoted_constants(module))
     report.record("ranked_scalar_constants", ranked_scalar_constants(module))
     if not report.changed:
         return program, report
