@@ -163,6 +163,7 @@ FINDING_SEEDS = {
     (2302, "xnnpack"): "one of 2 logits 3 steps off (the share rule's one value)",
     (2333, "xnnpack"): "a nearest sampler at a computed grid (amplified rounding)",
     (4072, "xnnpack"): "an input whose only reader normalize removed (kept, float, unquantized)",
+    (6017, "xnnpack"): "one of 2 values a step off read as 1.0000012 steps (float32 slack)",
 }
 
 

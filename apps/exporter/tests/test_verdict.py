@@ -215,6 +215,22 @@ def test_a_few_logits_off_by_rounding_pass_and_a_cap_is_a_cap() -> None:
     assert not capped["passes"] and capped["reasons"] == ["1 steps off (at most 0)"]
 
 
+def test_one_value_one_step_off_passes_whatever_its_float32_rounding() -> None:
+    """The fuzzer's seed 6017 (XNNPACK): two output values, one a step off where the envelope
+    moved none; the dequantized step reads 1.0000012 steps in float32, and the rule "one value
+    one step off" (power 1/n) must not fail on that rounding. Two steps off still fails."""
+    scale = 0.0018559098243713379
+    reference = torch.tensor([37 * scale, -90 * scale], dtype=torch.float32)
+    envelope = [reference.clone() for _ in range(16)]
+    off = reference.clone()
+    off[0] = torch.tensor(36 * scale * (1 - 1e-5), dtype=torch.float32)  # the scale's rounding
+    judged = judge_tensor(off, reference, scale, VerifyTolerance(), envelope=envelope)
+    assert judged["power_steps2"] > 0.5 and judged["passes"], judged
+    off[0] = 35 * scale
+    judged = judge_tensor(off, reference, scale, VerifyTolerance(), envelope=envelope)
+    assert not judged["passes"] and "error power" in judged["reasons"][0], judged
+
+
 def test_a_float_export_is_held_to_the_float_model() -> None:
     reference = torch.randn(2, 10, generator=torch.Generator().manual_seed(5))
     assert judge_tensor(reference + 1e-7, reference, None, VerifyTolerance(), float_reference=True)[

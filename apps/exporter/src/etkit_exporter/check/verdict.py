@@ -210,6 +210,12 @@ def _moments(difference: torch.Tensor) -> tuple[float, float, float]:
     return float((difference * difference).mean()), mean, spread / math.sqrt(n)
 
 
+# Relative slack on the bounds: a step measured on float32 dequantized values reads 1 +- 1e-6
+# or so (seed 6017: one of two values one step off gave a power of 0.5000013 against the bound
+# of one value one step off, 0.5); a thousandth of a bound is far below any step.
+_FLOAT32_SLACK: Final = 1e-3
+
+
 def judge_tensor(
     actual: torch.Tensor,
     reference: torch.Tensor,
@@ -270,7 +276,7 @@ def judge_tensor(
                 ),
             }
         )
-        if power > power_bound:
+        if power > power_bound * (1 + _FLOAT32_SLACK):
             reasons.append(
                 f"error power {power:.4g} {name}^2 (the rounding envelope allows {power_bound:.3g})"
             )
@@ -280,7 +286,7 @@ def judge_tensor(
         floor = tolerance.float_min_psnr_db
         if float_reference and result["psnr_db"] is not None and result["psnr_db"] < floor:
             reasons.append(f"PSNR {result['psnr_db']:.2f} dB (at least {floor:g} dB)")
-    if abs(mean) > bias_bound:
+    if abs(mean) > bias_bound * (1 + _FLOAT32_SLACK):
         result["biased"] = True
         reasons.append(f"mean error {mean:+.3g} {name} (at most {bias_bound:.3g} either way)")
     if tolerance.max_steps is not None and result["max_steps"] > tolerance.max_steps:
