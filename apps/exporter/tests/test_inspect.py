@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,16 @@ def test_every_export_writes_an_etrecord_the_inspector_reads(
     assert len(inputs) == len(result.example_inputs)
     assert all(torch.equal(a, b) for a, b in zip(inputs, result.example_inputs, strict=True))
     assert record.edge_dialect_program is not None and record.exported_program is not None
-    assert {"edge_after_transform/forward", "float_model/forward"} <= set(record.graph_map)
+    assert "float_model/forward" in record.graph_map
+    # nothing twice: the example inputs once (representative_inputs), the reference graph once
+    with zipfile.ZipFile(folder / "etrecord.bin") as members:
+        copies = [i.filename for i in members.infolist() if i.filename.endswith("_example_inputs")]
+        assert copies and all(members.getinfo(n).file_size == 0 for n in copies), copies
+    reference = json.loads((folder / "etrecord.json").read_text())["reference_graph"]
+    if "edge_after_transform/forward" in record.graph_map:  # then not the edge program's twin
+        assert reference == "edge_after_transform/forward"
+    else:
+        assert reference == "edge_dialect_exported_program"
     assert record._debug_handle_map["forward"] and record._delegate_map["forward"]
     # stack traces kept, their files named below the import root
     traces = [
