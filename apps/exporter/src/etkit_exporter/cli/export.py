@@ -315,9 +315,10 @@ def _summary(result: Any, seconds: float) -> str:
         for row in result.verification.get("qat_model", []):  # a QAT-trained model (qat.py)
             steps = f"{row['max_steps']} steps max" if "max_steps" in row else "float output"
             lines.append(f"  output {row['output']} vs the QAT model's eval forward: {steps}")
-    if result.sizes:  # an export of several sizes: its methods, their bytes, each verdict
+    sizes = getattr(result, "sizes", None)
+    if sizes:  # an export of several sizes: its methods, their bytes, each verdict
         lines.append("sizes:")
-        lines += [f"  {line}" for line in size_lines(result.sizes)]
+        lines += [f"  {line}" for line in size_lines(sizes)]
     lines.append("artifacts:")
     names = ("model.pte", "model.bpte", "io_quant_params.json", "report.json", "report.md",
              "export.toml")  # fmt: skip
