@@ -65,10 +65,11 @@ class Exported:
         return self.result
 
 
-# On demand only (pytest -m extended; bench/gym_zoo.py runs all): the NSS frame on VGF, about
-# two minutes of one core (Arm's lowering of its one delegate); the VGF fault it met is pinned
-# by libs/quant/tests/test_normalize_promotions.py, and the NSS frame runs on XNNPACK in CI.
-ON_DEMAND = {("nss_frame", "vgf")}
+# On demand only (pytest -m extended; bench/gym_zoo.py runs all): the NSS and NFRU frames on
+# VGF, about two minutes and one minute of one core (Arm's lowering of their one delegate); the
+# VGF fault the NSS frame met is pinned by libs/quant/tests/test_normalize_promotions.py, both
+# run on XNNPACK in CI, and the warps on both targets.
+ON_DEMAND = {("nss_frame", "vgf"), ("nfru_frame", "vgf")}
 
 
 def _params() -> list[Any]:
