@@ -33,7 +33,7 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-from etkit_quant.boundary import BoundaryQuantizer, own_constants, user_inputs
+from etkit_quant.boundary import ANNOTATION_KEY, BoundaryQuantizer, own_constants, user_inputs
 from etkit_quant.graph import is_grid_sampler, operator_name
 from etkit_quant.normalize import normalize_program
 from etkit_quant.qspecs import (
@@ -51,7 +51,6 @@ from etkit_quant import check_calibration  # isort: skip
 
 logger = logging.getLogger(__name__)
 
-ANNOTATION_KEY: Final = "quantization_annotation"
 SAMPLER_KEY: Final = "etkit_qat_grid_sampler"
 """``Node.meta`` key of a grid sampler ``replace_grid_samplers`` replaced: the op it was (its
 target and its arguments after the image and the grid), which ``convert_qat`` puts back."""
