@@ -254,6 +254,54 @@ def test_xnnpack_base() -> None:
     assert_grid_samplers_quantized(flow_gm)
 
 
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_xnnpack_batch_norm_patterns_left_out_only_where_no_batch_norm_is(
+    batch_norm: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """XNNPACK's quantizer exports its conv + batch-norm patterns on every call; etkit leaves
+    them out of a graph without a batch norm, and the annotations stay the base's own."""
+    import torchao.quantization.pt2e.utils as pt2e_utils
+    from executorch.backends.xnnpack.quantizer import xnnpack_quantizer_utils
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        get_symmetric_quantization_config as xnnpack_config,
+    )
+
+    from etkit_quant.boundary import _annotate_with
+
+    class ConvNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(4) if batch_norm else torch.nn.Identity()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.bn(self.conv(x)))
+
+    inputs = (rand(1, 3, 8, 8),)
+    model = ConvNet().train()  # QAT-style: a training batch norm is what conv_bn matches
+
+    def annotations(annotate: object) -> list[tuple[str, bool]]:
+        gm = torch.export.export(model, inputs, strict=True).module()
+        annotate(gm)  # type: ignore[operator]
+        return [(n.name, "quantization_annotation" in n.meta) for n in gm.graph.nodes]
+
+    base = XNNPACKQuantizer().set_global(xnnpack_config(is_qat=True))
+    reference = annotations(base.annotate)  # the base alone, every pattern
+    built: list[object] = []
+    real = xnnpack_quantizer_utils._get_aten_graph_module_for_pattern
+
+    def counting(*args: object, **kwargs: object) -> object:
+        built.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(xnnpack_quantizer_utils, "_get_aten_graph_module_for_pattern", counting)
+    assert pt2e_utils._get_aten_graph_module_for_pattern is real
+    assert annotations(lambda gm: _annotate_with(base, gm)) == reference
+    assert bool(built) == batch_norm  # patterns exported only where they could match
+    assert "SUPPORTED_PATTERNS" not in vars(base)  # the base is left as it was
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 

@@ -189,7 +189,7 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         inputs, outputs = user_inputs(model), user_outputs(model)
         output = next(n for n in model.graph.nodes if n.op == "output")
         self.check_counts(len(inputs), len(outputs))
-        model = self.base.annotate(model)
+        model = _annotate_with(self.base, model)
         skipped = _skipped_parameter_users(model)
         if skipped:
             # The base quantizes an op whose parameter another op shares, and left that other op
@@ -197,7 +197,7 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             # then cannot compile the float op beside the quantized one): each such op reads its
             # own copy of the parameters, and the base annotates it.
             _unshare_parameters(model, skipped)
-            model = self.base.annotate(model)
+            model = _annotate_with(self.base, model)
         floated: set[Node] = set()
         if self.grid_math == "float":
             region = coordinate_nodes(model) | gather_position_nodes(model)  # index gathers too
@@ -698,3 +698,29 @@ def _free_attr_name(model: GraphModule, base: str) -> str:
     while hasattr(model, name):
         name, k = f"{base}_{k}", k + 1
     return name
+
+
+def _annotate_with(base: Quantizer, model: GraphModule) -> GraphModule:
+    """``base.annotate(model)``, without XNNPACK's batch-norm patterns where no batch norm is.
+
+    XNNPACK's quantizer matches its four convolution + batch-norm patterns on every call, also
+    for post-training quantization, and builds each pattern with ``torch.export`` every time
+    (12 exports, about 2 s of a small model's export; upstream: executorch 1.0
+    ``xnnpack_quantizer_utils._do_annotate_conv_bn``). A pattern holding a batch norm cannot
+    match a graph that has none, so those patterns are left out for that graph; the
+    annotations are the same.
+    """
+    patterns = getattr(base, "SUPPORTED_PATTERNS", None)
+    if patterns is None or any("batch_norm" in str(n.target) for n in model.graph.nodes):
+        annotated: GraphModule = base.annotate(model)
+        return annotated
+    own = vars(base).get("SUPPORTED_PATTERNS")
+    base.SUPPORTED_PATTERNS = [p for p in patterns if "_bn" not in p.name]
+    try:
+        result: GraphModule = base.annotate(model)
+    finally:
+        if own is None:
+            del base.SUPPORTED_PATTERNS
+        else:
+            base.SUPPORTED_PATTERNS = own
+    return result
