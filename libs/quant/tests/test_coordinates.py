@@ -134,12 +134,30 @@ def test_the_predicted_flow_gets_its_own_calibrated_qspec() -> None:
     (conv,) = [n for n in gm.graph.nodes if n.name == "conv2d_2"]
     (quantize_node,) = [u for u in conv.users if is_quantize(u)]
     scale, zero_point, quant_min, quant_max, dtype = qparams_of(quantize_node)
-    assert (quant_min, quant_max, dtype) == (-127, 127, torch.int8)  # observed_int8's range
+    # observed_int8's full range: XNNPACK clamps int8 at -128 whatever the qspec says
+    assert (quant_min, quant_max, dtype) == (-128, 127, torch.int8)
     with torch.no_grad():
         values = model.net(torch.cat(example, 1))
     low, high = (quant_min - zero_point) * scale, (quant_max - zero_point) * scale
     assert low - scale / 2 <= float(values.min()) and float(values.max()) <= high + scale / 2
     assert float(values.abs().max()) > 1  # a flow in pixels: what SNORM8 would clip
+
+
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_the_calibrated_int8_range_is_what_the_backend_computes(base: str) -> None:
+    """[-127, 127] on Arm's base (TOSA clamps to the qspec), [-128, 127] on XNNPACK's (it
+    clamps int8 there whatever the qspec says: the program and the quantized model then clip
+    alike), for the coordinate input and for every calibrated boundary alike."""
+    quantizer = BoundaryQuantizer(
+        BASES[base](), input_qspecs=(observed_int8(),), output_qspecs=(observed_int8(),)
+    )
+    low = -127 if base == "vgf" else -128
+    for qspec in (
+        quantizer.coordinate_input_qspec,
+        *quantizer.input_qspecs,
+        *quantizer.output_qspecs,
+    ):
+        assert qspec is not None and (qspec.quant_min, qspec.quant_max) == (low, 127)
 
 
 @pytest.mark.parametrize("base", sorted(BASES))

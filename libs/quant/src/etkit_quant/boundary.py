@@ -138,32 +138,41 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
             if isinstance(value, QuantizationSpecBase) or not isinstance(value, Sequence):
                 raise TypeError(f"{name} must be a sequence of qspecs (one per {name[:-7]}put)")
         self.base = base
+        self._arm_base = type(base).__module__.startswith("executorch.backends.arm")
         self.input_qspecs = tuple(
-            _check_qspec(q, f"input_qspecs[{k}]", True) for k, q in enumerate(input_qspecs)
+            self._computed(_check_qspec(q, f"input_qspecs[{k}]", True))
+            for k, q in enumerate(input_qspecs)
         )
         self.output_qspecs = tuple(
-            _check_qspec(q, f"output_qspecs[{k}]", True) for k, q in enumerate(output_qspecs)
+            self._computed(_check_qspec(q, f"output_qspecs[{k}]", True))
+            for k, q in enumerate(output_qspecs)
         )
-        self.grid_sampler_image_qspec = _check_qspec(
-            snorm8() if grid_sampler_image_qspec is _DEFAULT else grid_sampler_image_qspec,
-            "grid_sampler_image_qspec",
-            False,
+        self.grid_sampler_image_qspec = self._computed(
+            _check_qspec(
+                snorm8() if grid_sampler_image_qspec is _DEFAULT else grid_sampler_image_qspec,
+                "grid_sampler_image_qspec",
+                False,
+            )
         )
         self.grid_sampler_grid_qspec = _check_qspec(
             snorm16() if grid_sampler_grid_qspec is _DEFAULT else grid_sampler_grid_qspec,
             "grid_sampler_grid_qspec",
             False,
         )
-        self.grid_sampler_output_qspec = _check_qspec(
-            snorm8() if grid_sampler_output_qspec is _DEFAULT else grid_sampler_output_qspec,
-            "grid_sampler_output_qspec",
-            False,
+        self.grid_sampler_output_qspec = self._computed(
+            _check_qspec(
+                snorm8() if grid_sampler_output_qspec is _DEFAULT else grid_sampler_output_qspec,
+                "grid_sampler_output_qspec",
+                False,
+            )
         )
         self.grid_math: GridMath = grid_math
-        self.coordinate_input_qspec = _check_qspec(
-            observed_int8() if coordinate_input_qspec is _DEFAULT else coordinate_input_qspec,
-            "coordinate_input_qspec",
-            False,
+        self.coordinate_input_qspec = self._computed(
+            _check_qspec(
+                observed_int8() if coordinate_input_qspec is _DEFAULT else coordinate_input_qspec,
+                "coordinate_input_qspec",
+                False,
+            )
         )
         self.coordinate_nodes: tuple[str, ...] = ()
         """After ``annotate``: the nodes of the coordinate arithmetic left in float."""
@@ -171,8 +180,18 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         """After ``annotate``: the tensors entering it (quantized with
         ``coordinate_input_qspec`` where the base quantizes them)."""
         self.grid_sampler_image_from_producer = grid_sampler_image_from_producer
-        self._arm_base = type(base).__module__.startswith("executorch.backends.arm")
         self._annotations: dict[str, QuantizationAnnotation] = {}
+
+    def _computed(self, qspec: QuantizationSpec | None) -> QuantizationSpec | None:
+        """``qspec`` as the base's backend computes it: XNNPACK clamps int8 at [-128, 127]
+        whatever a qspec's ``quant_min`` says, so on a base that is not Arm's a calibrated
+        ``observed_int8()`` becomes ``observed_int8(full_range=True)``; with [-127, 127] a value
+        below the range came out -128 in the program and -127 in the quantized model (a
+        clipped theta one step off, then whole pixels off after a nearest sampler; fuzz seed
+        6032)."""
+        if not self._arm_base and qspec == observed_int8():
+            return observed_int8(full_range=True)
+        return qspec
 
     # -- the Quantizer protocol -------------------------------------------------------------
 

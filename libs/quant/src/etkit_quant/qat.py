@@ -426,7 +426,11 @@ class _QatQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         super().__init__()
         self.inner = inner
         self._converted: dict[QuantizationSpec, QuantizationSpecBase] = {}
-        ours: list[QuantizationSpec | None] = [observed_int8(), observed_int16()]
+        ours: list[QuantizationSpec | None] = [
+            observed_int8(),
+            observed_int8(full_range=True),
+            observed_int16(),
+        ]
         if isinstance(inner, BoundaryQuantizer):
             ours += [*inner.input_qspecs, *inner.output_qspecs]
             ours += [

@@ -203,15 +203,17 @@ def covering(max_abs: float, dtype: torch.dtype = torch.int16) -> QuantizationSp
     return fixed_scale(power / _symmetric_range(dtype)[1], dtype)
 
 
-def observed_int8() -> QuantizationSpec:
+def observed_int8(*, full_range: bool = False) -> QuantizationSpec:
     """A static per-tensor int8 qspec whose parameters calibration chooses: a ``MinMaxObserver``
-    over every calibration sample, affine (zero point chosen too), range [-127, 127]. Its range
-    covers every calibrated value (and zero), so it never clips the calibration data. Equal and
+    over every calibration sample, affine (zero point chosen too), range [-127, 127], or
+    [-128, 127] with ``full_range`` (what XNNPACK computes: it clamps int8 there whatever the
+    qspec says; ``BoundaryQuantizer`` picks it for a base that is not Arm's). Its range covers
+    the calibrated values (and zero) to within half a step (the zero point is rounded). Equal and
     hashable by value like the fixed presets."""
     return QuantizationSpec(
         dtype=torch.int8,
         observer_or_fake_quant_ctr=MinMaxObserver,
-        quant_min=-127,
+        quant_min=-128 if full_range else -127,
         quant_max=127,
         qscheme=torch.per_tensor_affine,
         is_dynamic=False,
