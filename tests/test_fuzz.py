@@ -164,6 +164,7 @@ FINDING_SEEDS = {
     (2333, "xnnpack"): "a nearest sampler at a computed grid (amplified rounding)",
     (4072, "xnnpack"): "an input whose only reader normalize removed (kept, float, unquantized)",
     (6017, "xnnpack"): "one of 2 values a step off read as 1.0000012 steps (float32 slack)",
+    (6032, "xnnpack"): "a theta clipped to -128 by XNNPACK, to -127 by the model (int8 range)",
 }
 
 
