@@ -33,6 +33,7 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
+from etkit_quant.biases import snap_float_biases
 from etkit_quant.boundary import ANNOTATION_KEY, BoundaryQuantizer, own_constants, user_inputs
 from etkit_quant.graph import is_grid_sampler, operator_name
 from etkit_quant.normalize import normalize_program
@@ -213,9 +214,10 @@ def prepare_qat(
 def convert_qat(prepared: GraphModule) -> GraphModule:
     """The quantized model of a module ``prepare_qat`` returned (trained or not), as
     ``quantize`` returns it: ``convert_pt2e`` of a copy in eval mode, then
-    ``requantize_shared_inputs``. Nothing is calibrated again: every quantize takes the scale
-    and zero point its fake quantize holds (those its eval forward applies), and grid samplers
-    replaced for training are the ``aten`` grid samplers again, between the same quantizes.
+    ``requantize_shared_inputs`` and ``snap_float_biases``. Nothing is calibrated again: every
+    quantize takes the scale and zero point its fake quantize holds (those its eval forward
+    applies), and grid samplers replaced for training are the ``aten`` grid samplers again,
+    between the same quantizes.
     ``prepared`` is left as it was: train on, convert again.
 
     Raises ``TypeError`` for anything ``prepare_qat`` did not return."""
@@ -235,6 +237,7 @@ def convert_qat(prepared: GraphModule) -> GraphModule:
     converted: GraphModule = convert_pt2e(model)
     move_exported_model_to_eval(converted)  # (already eval: a no-op kept for the contract)
     requantize_shared_inputs(converted)  # exact: the converted model's values do not change
+    snap_float_biases(converted)  # the float biases the backend quantizes: as it will
     return converted
 
 
