@@ -34,7 +34,8 @@ bin="$root/.venv/bin"
 workers="${ETKIT_TEST_WORKERS:-2}"
 pytest_cmd=("$bin/pytest")
 if [ "$workers" != 0 ]; then
-  pytest_cmd+=(-n "$workers" --dist loadfile)
+  # heaviest files first (conftest.py), not xdist's most-tests-first
+  pytest_cmd+=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 fi
 
 if ((${#packages[@]} == 0)); then
