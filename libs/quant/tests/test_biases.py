@@ -133,3 +133,59 @@ def test_the_quantized_model_adds_the_bias_xnnpack_adds() -> None:
     expected = (acc + q_b[None, :, None, None]) * step[None, :, None, None]
     error = (values[conv.name].detach().double() - expected).abs() / step[None, :, None, None]
     assert float(error.max()) < 0.05  # int32 steps (float32 sums); the float bias: up to 0.5
+
+
+def test_qat_adds_the_bias_the_program_adds_and_trains_it() -> None:
+    """``prepare_qat`` over XNNPACK's QAT quantizer: each conv adds its bias on the int32 grid of
+    its fake quantizes' scales (the value ``convert_qat`` gives the quantized model, bit for
+    bit), the bias still learns (straight through), and ``convert_qat``'s graph reads plain
+    parameters again."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        get_symmetric_quantization_config as xnnpack_qat_config,
+    )
+    from quant_models import FlowWarp
+
+    from etkit_quant import BoundaryQuantizer, convert_qat, prepare_qat, snorm8
+
+    torch.manual_seed(3)
+    frames = [(torch.rand(1, 3, 8, 8), torch.rand(1, 3, 8, 8)) for _ in range(3)]
+    quantizer = BoundaryQuantizer(
+        XNNPACKQuantizer().set_global(xnnpack_qat_config(is_qat=True)),
+        input_qspecs=(snorm8(), snorm8()),
+        output_qspecs=(snorm8(),),
+    )
+    prepared = prepare_qat(FlowWarp(), frames[0], quantizer, calibration=frames)
+    convs = _biased_ops(prepared)
+    assert len(convs) == 2 and all(
+        isinstance(c.args[2], Node) and c.args[2].op == "call_function" for c in convs
+    )
+    optimizer = torch.optim.SGD(prepared.parameters(), lr=1e-2)
+    before = {n: p.detach().clone() for n, p in prepared.named_parameters() if "bias" in n}
+    loss = sum((prepared(*f) ** 2).mean() for f in frames)
+    loss.backward()  # type: ignore[union-attr]
+    optimizer.step()
+    assert before and all(
+        not torch.equal(p, before[n]) for n, p in prepared.named_parameters() if n in before
+    )  # the biases learn through the rounding
+
+    prepared.eval()
+    added: dict[str, torch.Tensor] = {}
+
+    class Capture(torch.fx.Interpreter):
+        def run_node(self, n: Node) -> object:
+            result = super().run_node(n)
+            if n in convs:
+                bias = self.env[n.args[2]]  # type: ignore[index]
+                added[n.name] = bias.detach().clone()
+            return result
+
+    with torch.no_grad():
+        Capture(prepared).run(*frames[0])
+    converted = convert_qat(prepared)
+    assert not [
+        n for n in converted.graph.nodes if n.op == "call_function" and "snapped" in str(n.target)
+    ]
+    for conv in _biased_ops(converted):
+        bias = conv.args[2]
+        assert isinstance(bias, Node) and bias.op == "get_attr"
+        assert torch.equal(_attr(converted, bias.target), added[conv.name]), conv.name

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 import torch
 from torch.fx import GraphModule, Node
+from torchao.quantization.pt2e.fake_quantize import FakeQuantizeBase
 
 from etkit_quant.graph import operator_name
 
@@ -116,3 +117,81 @@ def snap_float_biases(module: GraphModule) -> list[str]:
     if snapped:
         module.recompile()
     return snapped
+
+
+# -- while training: the same rounding, read from the fake quantizes -------------------------
+
+
+def _snapped_bias(bias: torch.Tensor, input_scale: torch.Tensor, weight_scale: torch.Tensor) -> Any:
+    """``bias`` on the int32 grid of ``input_scale * weight_scale`` (``snap_float_biases``'s
+    rounding, on the fake quantizes' current scales), with a straight-through gradient."""
+    with torch.no_grad():
+        scales = (weight_scale.to(torch.float32) * input_scale.to(torch.float32)).reshape(-1)
+        scales = scales.expand(bias.numel()).contiguous()
+        zeros = torch.zeros_like(scales, dtype=torch.int64)
+        quantized = torch.ops.quantized_decomposed.quantize_per_channel(
+            bias.detach().to(torch.float32), scales, zeros, 0, *_INT32, torch.int32
+        )
+        exact = torch.ops.quantized_decomposed.dequantize_per_channel(
+            quantized, scales, zeros, 0, *_INT32, torch.int32
+        ).to(bias.dtype)
+    return bias + (exact - bias).detach()
+
+
+def _fake_quantized(module: GraphModule, node: Any) -> bool:
+    if not isinstance(node, Node) or node.op != "call_module":
+        return False
+    return isinstance(module.get_submodule(str(node.target)), FakeQuantizeBase)
+
+
+def snap_biases_while_training(prepared: GraphModule) -> list[str]:
+    """In a QAT-prepared ``prepared`` (``prepare_qat``), every convolution and linear whose
+    input and weight are fake quantized and whose bias is a float parameter (XNNPACK's
+    quantizer; Arm's fake-quantizes the bias itself) adds its bias as the backend will: on the
+    int32 grid of the two fake quantizes' current scales, straight through for the gradient.
+    The training and eval forwards then add what ``convert_qat``'s ``snap_float_biases`` and
+    the program add. Returns the ops' names; ``unsnap_biases`` undoes it."""
+    snapped: list[str] = []
+    graph = prepared.graph
+    for node in list(graph.nodes):
+        index = _BIASED.get(_name(node))
+        if index is None or len(node.args) <= index:
+            continue
+        source, weight, bias = node.args[0], node.args[1], node.args[index]
+        if not (_fake_quantized(prepared, source) and _fake_quantized(prepared, weight)):
+            continue
+        if not isinstance(bias, Node) or bias.op != "get_attr" or len(bias.users) != 1:
+            continue
+        values = _constant(prepared, bias)
+        if not isinstance(values, torch.Tensor) or not values.is_floating_point():
+            continue
+        if _name(node) == "aten::convolution" and node.args[6]:
+            continue
+        with graph.inserting_before(node):
+            input_scale = graph.get_attr(f"{source.target}.scale")
+            weight_scale = graph.get_attr(f"{weight.target}.scale")
+            snap = graph.call_function(_snapped_bias, (bias, input_scale, weight_scale))
+        node.update_arg(index, snap)
+        snapped.append(node.name)
+    if snapped:
+        prepared.recompile()
+    return snapped
+
+
+def unsnap_biases(prepared: GraphModule) -> int:
+    """Undoes ``snap_biases_while_training``: each op reads its float bias again (before
+    ``convert_pt2e``). Returns how many were undone."""
+    graph = prepared.graph
+    undone = 0
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is _snapped_bias:
+            bias, input_scale, weight_scale = node.args
+            node.replace_all_uses_with(bias)
+            graph.erase_node(node)
+            for scale in (input_scale, weight_scale):
+                if isinstance(scale, Node) and not scale.users:
+                    graph.erase_node(scale)
+            undone += 1
+    if undone:
+        prepared.recompile()
+    return undone

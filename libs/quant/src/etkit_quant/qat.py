@@ -33,7 +33,7 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-from etkit_quant.biases import snap_float_biases
+from etkit_quant.biases import snap_biases_while_training, snap_float_biases, unsnap_biases
 from etkit_quant.boundary import ANNOTATION_KEY, BoundaryQuantizer, own_constants, user_inputs
 from etkit_quant.graph import is_grid_sampler, operator_name
 from etkit_quant.normalize import normalize_program
@@ -137,6 +137,11 @@ def prepare_qat(
     min/max over every training batch would only grow, each outlier making the flow's steps
     coarser for good; a plain moving average would clip the batches that outgrow it).
 
+    A convolution's or linear's float bias (XNNPACK's quantizer leaves biases float; the
+    backend quantizes them to int32 when it lowers) is added on the int32 grid of its input's
+    and weight's fake-quantize scales, straight through (``biases.snap_biases_while_training``,
+    after calibration): the forward adds what the program will add.
+
     Ranges are initialised by running ``calibration`` (one tuple of inputs per sample, checked
     as ``check_calibration`` checks them; at least one) through the module in eval mode with
     fake quantization off, so each observer sees the float values ``quantize``'s calibration
@@ -205,6 +210,7 @@ def prepare_qat(
         _hold_observed(fq)
         fq.enable_fake_quant(enabled[name])
         fq.disable_observer()  # as eval left them; train() restores each
+    snap_biases_while_training(prepared)  # float biases XNNPACK quantizes: as it will
     if sampler_replacement is not None:
         replace_grid_samplers(prepared, sampler_replacement)
     prepared.train()
@@ -234,6 +240,7 @@ def convert_qat(prepared: GraphModule) -> GraphModule:
         _hold_observed(fq)
         _pin_qparams(fq)
     model.meta.pop(_OBSERVING_KEY, None)
+    unsnap_biases(model)  # snap_float_biases rounds them again, on the converted scales
     converted: GraphModule = convert_pt2e(model)
     move_exported_model_to_eval(converted)  # (already eval: a no-op kept for the contract)
     requantize_shared_inputs(converted)  # exact: the converted model's values do not change
