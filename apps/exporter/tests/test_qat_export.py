@@ -289,3 +289,23 @@ def test_bad_input_gets_one_line(xnnpack: Trained) -> None:
         with pytest.raises(ValueError) as caught:
             check_checkpoint(xnnpack.prepared, changed, "c.pt")
         one_line(caught, pattern)
+
+
+@pytest.mark.slow
+def test_the_recipe_runs(tmp_path: Path) -> None:
+    """``examples/qat_flow_warp.py`` (the README's QAT recipe), cut to 2 float and 2 QAT steps:
+    trains, saves the checkpoint and calibration frames, exports, verifies, and prints the
+    ``etkit-export --qat-checkpoint`` command."""
+    import subprocess
+    import sys
+
+    recipe = Path(__file__).resolve().parents[1] / "examples" / "qat_flow_warp.py"
+    out = tmp_path / "recipe"
+    done = subprocess.run(
+        [sys.executable, str(recipe), "--float-steps", "2", "--qat-steps", "2", "--out", str(out)],
+        capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "verification: pass" in done.stdout, done.stdout[-2000:]
+    assert "--qat-checkpoint" in done.stdout
+    assert (out / "trained.pt").is_file() and any((out / "calibration").iterdir())
