@@ -29,7 +29,7 @@ FILE_SECONDS: Final = {
     "tests/test_one_vgf.py": 100,
     "apps/exporter/tests/test_scenario_export.py": 80,
     "apps/exporter/tests/test_bundle.py": 70,
-    "apps/exporter/tests/test_qat_export.py": 70,
+    "apps/exporter/tests/test_qat_export.py": 100,
     "libs/gridsampler/tests/test_qat_ddp.py": 60,
     "libs/quant/tests/test_qat.py": 60,
 }
