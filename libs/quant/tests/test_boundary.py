@@ -48,6 +48,7 @@ from etkit_quant import (
     snorm16,
     unorm8,
 )
+from etkit_quant.graph import target_name
 
 SNORM8 = (f32(1 / 127), 0, -127, 127, torch.int8)
 SNORM16 = (f32(1 / 32767), 0, -32767, 32767, torch.int16)
@@ -300,6 +301,48 @@ def test_xnnpack_batch_norm_patterns_left_out_only_where_no_batch_norm_is(
     assert annotations(lambda gm: _annotate_with(base, gm)) == reference
     assert bool(built) == batch_norm  # patterns exported only where they could match
     assert "SUPPORTED_PATTERNS" not in vars(base)  # the base is left as it was
+
+
+def test_an_output_the_base_leaves_float_keeps_its_inputs_parameters_unless_it_moves_values() -> (
+    None
+):
+    """XNNPACK's quantizer leaves a sigmoid unannotated; the SNORM8 output boundary quantizes the
+    sigmoid's result, and its input (logits beyond [-1, 1]) keeps the conv's own calibrated
+    parameters: with the boundary's it was clipped to [-1, 1] (the Model Gym's NSS autoencoder
+    on XNNPACK: 30.1 dB from the float model, 43.9 now). A reshape at an output still shares."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        get_symmetric_quantization_config as xnnpack_config,
+    )
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+            with torch.no_grad():
+                self.conv.weight.mul_(8)  # logits well beyond [-1, 1]
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.conv(x)
+            return torch.sigmoid(logits), torch.relu(logits).reshape(1, 4, -1)
+
+    model, inputs = Logits().eval(), (rand(1, 3, 8, 8),)
+    quantizer = BoundaryQuantizer(
+        XNNPACKQuantizer().set_global(xnnpack_config()),
+        input_qspecs=(snorm8(),),
+        output_qspecs=(snorm8(), observed_int8()),
+    )
+    gm = quantize(model, inputs, quantizer)
+    (sigmoid,) = [n for n in gm.graph.nodes if target_name(n) == "aten::sigmoid"]
+    source = sigmoid.args[0]
+    assert isinstance(source, Node) and is_dequantize(source)
+    scale, _, low, high, _ = source.args[1:6]
+    assert float(scale) * (high - low) > 2.5, source.args  # not SNORM8's [-1, 1]
+    with torch.no_grad():
+        got, want = gm(*inputs), model(*inputs)
+    error = float((got[0] - want[0]).abs().max())
+    assert error < 4 / 127, error  # a few SNORM8 steps (the logits step), not 0.27 (clipped)
 
 
 # -- bad input --------------------------------------------------------------------------------

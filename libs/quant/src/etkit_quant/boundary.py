@@ -19,7 +19,13 @@ from torchao.quantization.pt2e.quantizer import (
 )
 
 from etkit_quant.gather_positions import gather_position_nodes
-from etkit_quant.graph import coordinate_inputs, coordinate_nodes, is_grid_sampler, is_shape_op
+from etkit_quant.graph import (
+    coordinate_inputs,
+    coordinate_nodes,
+    is_grid_sampler,
+    is_shape_op,
+    operator_name,
+)
 from etkit_quant.integer_operands import integer_scalar_operands
 from etkit_quant.qspecs import (
     fixed_qparams,
@@ -29,6 +35,7 @@ from etkit_quant.qspecs import (
     snorm8,
     snorm16,
 )
+from etkit_quant.requantize import SHARED_PARAMETER_OPS
 
 logger = logging.getLogger(__name__)
 
@@ -399,8 +406,12 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         self._mark_arm(node, quantized=True)
         self._share_with_consumers(node, qspec)
         if node.op == "call_function" and (
-            isinstance(base_output, SharedQuantizationSpec) or not base_quantized
+            isinstance(base_output, SharedQuantizationSpec)
+            or (not base_quantized and _moves_values(node))
         ):
+            # (an op the base left float that computes new values, a sigmoid on XNNPACK, keeps
+            # its input's own parameters: the boundary's would clip its input to its output's
+            # range, the logits of a sigmoid to [-1, 1])
             self._share_with_inputs(node, qspec)
         return False
 
@@ -502,6 +513,14 @@ def float_reason(node: Node) -> str | None:
     custom = node.meta.get("custom")
     reason = custom.get(FLOAT_REASON_KEY) if isinstance(custom, dict) else None
     return reason if isinstance(reason, str) else None
+
+
+def _moves_values(node: Node) -> bool:
+    """Whether ``node``'s integer result is its integer input moved, selected, ordered or
+    clamped (``is_shape_op``, ``requantize.SHARED_PARAMETER_OPS``): an op whose input can take
+    its output's parameters."""
+    name = operator_name(node.target).split(".")[0].removesuffix("_copy")
+    return is_shape_op(node) or name in SHARED_PARAMETER_OPS
 
 
 def _is_float_activation(node: Node) -> bool:
