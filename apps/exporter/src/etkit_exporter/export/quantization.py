@@ -185,10 +185,12 @@ def refuse_unproducible_outputs(exported: ExportedProgram, base: Any, quant: Qua
     """Raises ``UnproducibleQspecError`` for a given output qspec wider than 8 bits (int16,
     int32) that XNNPACK cannot produce: one whose parameters ``BoundaryQuantizer`` puts on an
     op XNNPACK computes from 8-bit integers (conv, linear, add, mul), as when the output comes
-    from an op XNNPACK's quantizer leaves alone (a clamp, a tanh) and the boundary's parameters
-    move back through it. ExecuTorch 1.5.1's XNNPACK partitioner takes such an op and its
-    runtime then refuses the program ("Failed to create convolution node ... with code:
-    xnn_status_invalid_parameter"), after every stage has run. A wide output XNNPACK can give
+    from an op XNNPACK's quantizer leaves alone that only moves values (a clamp) and the
+    boundary's parameters move back through it (an op that computes new values, a tanh, keeps
+    its input's parameters and computes in float: nothing to refuse). ExecuTorch 1.5.1's
+    XNNPACK partitioner takes such an op and its runtime then refuses the program ("Failed to
+    create convolution node ... with code: xnn_status_invalid_parameter"), after every stage
+    has run. A wide output XNNPACK can give
     is let through: the output of an op XNNPACK quantizes itself (etkit requantizes its int8
     result on the portable kernels), of a grid sampler, or of a float op.
 
