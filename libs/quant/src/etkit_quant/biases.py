@@ -21,7 +21,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.fake_quantize import FakeQuantizeBase
 
-from etkit_quant.graph import operator_name
+from etkit_quant.graph import attribute, operator_name
 
 _BIASED: Final = {
     "aten::conv1d": 2,
@@ -43,15 +43,8 @@ def _name(node: Any) -> str:
     return operator_name(node.target).removesuffix(".default").removesuffix(".tensor")
 
 
-def _attribute(module: torch.nn.Module, target: str) -> Any:
-    value: Any = module
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _constant(module: GraphModule, node: Node) -> Any:
-    return _attribute(module, str(node.target)) if node.op == "get_attr" else None
+    return attribute(module, str(node.target)) if node.op == "get_attr" else None
 
 
 def _weight_scales(module: GraphModule, weight: Node, channels: int) -> torch.Tensor | None:
@@ -105,14 +98,14 @@ def snap_float_biases(module: GraphModule) -> list[str]:
             ).to(values.dtype)
         if torch.equal(exact, values):
             continue
-        owner_name, _, attribute = str(bias.target).rpartition(".")
-        owner = _attribute(module, owner_name) if owner_name else module
+        owner_name, _, leaf = str(bias.target).rpartition(".")
+        owner = attribute(module, owner_name) if owner_name else module
         replacement = (
             torch.nn.Parameter(exact, requires_grad=False)
             if isinstance(values, torch.nn.Parameter)
             else exact
         )
-        setattr(owner, attribute, replacement)
+        setattr(owner, leaf, replacement)
         snapped.append(node.name)
     if snapped:
         module.recompile()

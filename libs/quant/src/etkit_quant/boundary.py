@@ -20,6 +20,7 @@ from torchao.quantization.pt2e.quantizer import (
 
 from etkit_quant.gather_positions import gather_position_nodes
 from etkit_quant.graph import (
+    attribute,
     coordinate_inputs,
     coordinate_nodes,
     is_grid_sampler,
@@ -707,7 +708,7 @@ def _unshare_parameters(model: GraphModule, users: set[Node]) -> None:
             if len(parameter.users) < 2:
                 continue
             assert isinstance(parameter.target, str)
-            value = _get_attr(model, parameter.target)
+            value = attribute(model, parameter.target)
             name = _free_attr_name(model, parameter.target.replace(".", "_") + "_for_" + user.name)
             if isinstance(value, torch.nn.Parameter):
                 model.register_parameter(name, torch.nn.Parameter(value.detach().clone(), False))
@@ -722,13 +723,6 @@ def _unshare_parameters(model: GraphModule, users: set[Node]) -> None:
             logger.debug("%s reads its own copy of %s (%s)", user.name, parameter.target, name)
     if users:
         model.recompile()
-
-
-def _get_attr(model: GraphModule, target: str) -> object:
-    value: object = model
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _free_attr_name(model: GraphModule, base: str) -> str:

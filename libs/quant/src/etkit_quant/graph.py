@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import torch
 from torch.fx import GraphModule, Node
@@ -80,6 +80,15 @@ def operator_name(target: object) -> str:
         result = name()
         return result if isinstance(result, str) else ""
     return ""
+
+
+def attribute(module: torch.nn.Module, target: str) -> Any:
+    """The object a ``get_attr`` target names in ``module`` (``"conv.weight"``: a dotted path
+    through submodules)."""
+    value: Any = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def target_name(node: Node) -> str:

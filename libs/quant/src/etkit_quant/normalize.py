@@ -64,7 +64,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from etkit_quant.graph import target_name
+from etkit_quant.graph import attribute, target_name
 
 logger = logging.getLogger(__name__)
 
@@ -385,7 +385,7 @@ class _ConstantClasses:
         if node.op != "get_attr":
             return None
         if node not in self._numbers:
-            value = _attribute(self._module, str(node.target))
+            value = attribute(self._module, str(node.target))
             if not isinstance(value, torch.Tensor):
                 return None
             for index, other in enumerate(self._representatives):
@@ -551,7 +551,7 @@ def fold_constants(module: GraphModule, max_elements: int = MAX_FOLDED_ELEMENTS)
     known: dict[Node, Any] = {}
     for node in module.graph.nodes:
         if node.op == "get_attr":
-            known[node] = _attribute(module, str(node.target))
+            known[node] = attribute(module, str(node.target))
         elif node.op == "call_function" and _foldable(node, known):
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: known[n])
             with torch.no_grad():
@@ -588,13 +588,6 @@ def _foldable(node: Node, known: dict[Node, Any]) -> bool:
     return target_name(node) not in _METADATA_ASSERTS
 
 
-def _attribute(module: GraphModule, target: str) -> Any:
-    value: Any = module
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _constant(module: GraphModule, value: torch.Tensor, hint: str) -> Node:
     """A ``get_attr`` node of a new buffer of ``module`` holding ``value``."""
     index = 0
@@ -618,7 +611,7 @@ def _drop_unused_constants(module: GraphModule) -> None:
     for name, _ in list(module.named_buffers()):
         if name not in read:
             owner, _, leaf = name.rpartition(".")
-            delattr(_attribute(module, owner) if owner else module, leaf)
+            delattr(attribute(module, owner) if owner else module, leaf)
 
 
 def tensor_scalars(module: GraphModule) -> list[str]:
@@ -687,7 +680,7 @@ def ranked_scalar_constants(module: GraphModule) -> list[str]:
 def _scalar_constant(module: GraphModule, arg: object) -> torch.Tensor | None:
     if not isinstance(arg, Node) or arg.op != "get_attr":
         return None
-    value = _attribute(module, str(arg.target))
+    value = attribute(module, str(arg.target))
     return value if isinstance(value, torch.Tensor) and value.dim() == 0 else None
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from etkit_quant.normalize import _BROADCASTING, _attribute, _constant, _value
+from etkit_quant.graph import attribute
+from etkit_quant.normalize import _BROADCASTING, _constant, _value
 
 aten = torch.ops.aten
 
@@ -49,7 +50,7 @@ def promoted_constants(module: GraphModule) -> list[str]:
                 continue  # the condition: bool by the op's schema
             if not isinstance(arg, Node) or arg.op != "get_attr":
                 continue
-            value = _attribute(module, str(arg.target))
+            value = attribute(module, str(arg.target))
             if not hasattr(value, "dtype") or value.dtype.is_floating_point:
                 continue
             others = [_value(t) for t in tensors if t is not arg]

@@ -35,7 +35,7 @@ from torchao.quantization.pt2e.quantizer import (
 
 from etkit_quant.biases import snap_biases_while_training, snap_float_biases, unsnap_biases
 from etkit_quant.boundary import ANNOTATION_KEY, BoundaryQuantizer, own_constants, user_inputs
-from etkit_quant.graph import is_grid_sampler, operator_name
+from etkit_quant.graph import attribute, is_grid_sampler, operator_name
 from etkit_quant.normalize import normalize_program
 from etkit_quant.qspecs import (
     FixedQParams,
@@ -234,7 +234,7 @@ def convert_qat(prepared: GraphModule) -> GraphModule:
     _restore_grid_samplers(model)
     for name, original in model.meta.pop(_TIED_KEY, ()):
         # Apart again, as the PTQ path's graph has them (a later torch.export keeps them apart).
-        value = _get_attr(model, original)
+        value = attribute(model, original)
         model.register_parameter(name, torch.nn.Parameter(value.detach().clone(), False))
     for fq in _fake_quants(model).values():
         _hold_observed(fq)
@@ -725,13 +725,6 @@ def _pin_qparams(fq: FakeQuantizeBase) -> None:
     if not (torch.equal(held[0], scale) and torch.equal(held[1], zero_point)):
         logger.debug("QAT convert: %s keeps its held parameters", type(fq).__name__)
     fq.calculate_qparams = lambda: held
-
-
-def _get_attr(model: torch.nn.Module, target: str) -> Any:
-    value: Any = model
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
 
 
 def _free_attr_name(model: GraphModule, base: str) -> str:
