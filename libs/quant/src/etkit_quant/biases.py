@@ -15,7 +15,7 @@ quantizer quantizes biases itself (a ``dequantize`` of int32): those are left as
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 import torch
 from torch.fx import GraphModule, Node
@@ -23,15 +23,13 @@ from torchao.quantization.pt2e.fake_quantize import FakeQuantizeBase
 
 from etkit_quant.graph import attribute, operator_name
 
-_BIASED: Final = {
-    "aten::conv1d": 2,
-    "aten::conv2d": 2,
-    "aten::conv3d": 2,
-    "aten::linear": 2,
-    "aten::conv_transpose1d.input": 2,
-    "aten::conv_transpose2d.input": 2,
-    "aten::convolution": 2,
-}
+_BIASED: Final = frozenset(
+    {
+        "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::linear",
+        "aten::conv_transpose1d.input", "aten::conv_transpose2d.input", "aten::convolution",
+    }
+)  # fmt: skip
+_BIAS: Final = 2  # the bias's argument index in each of them
 _PER_TENSOR: Final = "quantized_decomposed::dequantize_per_tensor"
 _PER_CHANNEL: Final = "quantized_decomposed::dequantize_per_channel"
 _INT32: Final = (-(2**31), 2**31 - 1)
@@ -45,6 +43,36 @@ def _name(node: Any) -> str:
 
 def _constant(module: GraphModule, node: Node) -> Any:
     return attribute(module, str(node.target)) if node.op == "get_attr" else None
+
+
+def _float_bias(module: GraphModule, node: Node) -> Node | None:
+    """The ``get_attr`` node of ``node``'s float bias, when ``node`` is a convolution or linear
+    whose bias only it reads (a bias two ops share may be quantized at two scales: left alone);
+    ``None`` otherwise, and for a transposed ``aten.convolution`` (its weight holds output
+    channels on axis 1)."""
+    if _name(node) not in _BIASED or len(node.args) <= _BIAS:
+        return None
+    bias = node.args[_BIAS]
+    if not isinstance(bias, Node) or bias.op != "get_attr" or len(bias.users) != 1:
+        return None
+    if _name(node) == "aten::convolution" and node.args[6]:
+        return None
+    values = _constant(module, bias)
+    return bias if isinstance(values, torch.Tensor) and values.is_floating_point() else None
+
+
+def _on_int32_grid(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``dequantize(quantize(values, scales, int32))`` per channel, as the backend quantizes a
+    bias (float32 arithmetic), in ``values``' dtype; no gradient."""
+    zeros = torch.zeros_like(scales, dtype=torch.int64)
+    with torch.no_grad():
+        quantized = torch.ops.quantized_decomposed.quantize_per_channel(
+            values.detach().to(torch.float32), scales, zeros, 0, *_INT32, torch.int32
+        )
+        exact: torch.Tensor = torch.ops.quantized_decomposed.dequantize_per_channel(
+            quantized, scales, zeros, 0, *_INT32, torch.int32
+        ).to(values.dtype)
+    return exact
 
 
 def _weight_scales(module: GraphModule, weight: Node, channels: int) -> torch.Tensor | None:
@@ -68,34 +96,22 @@ def snap_float_biases(module: GraphModule) -> list[str]:
     there are any. Exact where the backend quantizes the bias so; idempotent."""
     snapped: list[str] = []
     for node in module.graph.nodes:
-        index = _BIASED.get(_name(node))
-        if index is None or len(node.args) <= index:
+        bias = _float_bias(module, node)
+        if bias is None:
             continue
-        source, weight, bias = node.args[0], node.args[1], node.args[index]
-        if not (isinstance(source, Node) and isinstance(weight, Node) and isinstance(bias, Node)):
+        source, weight = node.args[0], node.args[1]
+        if not (isinstance(weight, Node) and _name(source) == _PER_TENSOR):
             continue
-        if _name(source) != _PER_TENSOR or bias.op != "get_attr" or len(bias.users) != 1:
-            continue  # (a bias two ops share may be quantized at two scales: left alone)
-        if _name(node) == "aten::convolution" and node.args[6]:
-            continue  # a transposed convolution's weight holds output channels on axis 1
-        values = _constant(module, bias)
+        assert isinstance(source, Node)  # (a dequantize, named above)
         input_scale = source.args[1]
-        if not isinstance(values, torch.Tensor) or not values.is_floating_point():
-            continue
         if not isinstance(input_scale, float | int):
             continue
+        values = _constant(module, bias)
         weight_scales = _weight_scales(module, weight, values.numel())
         if weight_scales is None:
             continue
-        scales = weight_scales * float(input_scale)  # float32, as the backend multiplies them
-        zeros = torch.zeros_like(scales, dtype=torch.int64)
-        with torch.no_grad():
-            quantized = torch.ops.quantized_decomposed.quantize_per_channel(
-                values.detach().to(torch.float32), scales, zeros, 0, *_INT32, torch.int32
-            )
-            exact = torch.ops.quantized_decomposed.dequantize_per_channel(
-                quantized, scales, zeros, 0, *_INT32, torch.int32
-            ).to(values.dtype)
+        # float32, as the backend multiplies them
+        exact = _on_int32_grid(values, weight_scales * float(input_scale))
         if torch.equal(exact, values):
             continue
         owner_name, _, leaf = str(bias.target).rpartition(".")
@@ -118,20 +134,12 @@ def snap_float_biases(module: GraphModule) -> list[str]:
 def _snapped_bias(bias: torch.Tensor, input_scale: torch.Tensor, weight_scale: torch.Tensor) -> Any:
     """``bias`` on the int32 grid of ``input_scale * weight_scale`` (``snap_float_biases``'s
     rounding, on the fake quantizes' current scales), with a straight-through gradient."""
-    with torch.no_grad():
-        scales = (weight_scale.to(torch.float32) * input_scale.to(torch.float32)).reshape(-1)
-        scales = scales.expand(bias.numel()).contiguous()
-        zeros = torch.zeros_like(scales, dtype=torch.int64)
-        quantized = torch.ops.quantized_decomposed.quantize_per_channel(
-            bias.detach().to(torch.float32), scales, zeros, 0, *_INT32, torch.int32
-        )
-        exact = torch.ops.quantized_decomposed.dequantize_per_channel(
-            quantized, scales, zeros, 0, *_INT32, torch.int32
-        ).to(bias.dtype)
+    scales = (weight_scale.to(torch.float32) * input_scale.to(torch.float32)).reshape(-1)
+    exact = _on_int32_grid(bias, scales.detach().expand(bias.numel()).contiguous())
     return bias + (exact - bias).detach()
 
 
-def _fake_quantized(module: GraphModule, node: Any) -> bool:
+def _fake_quantized(node: Any, module: GraphModule) -> TypeGuard[Node]:
     if not isinstance(node, Node) or node.op != "call_module":
         return False
     return isinstance(module.get_submodule(str(node.target)), FakeQuantizeBase)
@@ -147,24 +155,17 @@ def snap_biases_while_training(prepared: GraphModule) -> list[str]:
     snapped: list[str] = []
     graph = prepared.graph
     for node in list(graph.nodes):
-        index = _BIASED.get(_name(node))
-        if index is None or len(node.args) <= index:
+        bias = _float_bias(prepared, node)
+        if bias is None:
             continue
-        source, weight, bias = node.args[0], node.args[1], node.args[index]
-        if not (_fake_quantized(prepared, source) and _fake_quantized(prepared, weight)):
-            continue
-        if not isinstance(bias, Node) or bias.op != "get_attr" or len(bias.users) != 1:
-            continue
-        values = _constant(prepared, bias)
-        if not isinstance(values, torch.Tensor) or not values.is_floating_point():
-            continue
-        if _name(node) == "aten::convolution" and node.args[6]:
+        source, weight = node.args[0], node.args[1]
+        if not (_fake_quantized(source, prepared) and _fake_quantized(weight, prepared)):
             continue
         with graph.inserting_before(node):
             input_scale = graph.get_attr(f"{source.target}.scale")
             weight_scale = graph.get_attr(f"{weight.target}.scale")
             snap = graph.call_function(_snapped_bias, (bias, input_scale, weight_scale))
-        node.update_arg(index, snap)
+        node.update_arg(_BIAS, snap)
         snapped.append(node.name)
     if snapped:
         prepared.recompile()
