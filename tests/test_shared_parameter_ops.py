@@ -73,7 +73,7 @@ def test_vgf_cat_of_differently_scaled_inputs_verifies(tmp_path: Path) -> None:
 def test_upstream_arm_backend_concatenates_differently_scaled_int8_as_they_are(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm: [])
+    monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm, **_: [])
     with pytest.raises(VerificationError) as caught:
         _export(tmp_path / "unfixed")
     (failure,) = caught.value.failures
@@ -113,6 +113,61 @@ def test_vgf_resize_before_a_cat_at_the_output_keeps_its_parameters(tmp_path: Pa
     assert result.verification is not None
     (judged,) = result.verification["verdict"]["outputs"]
     assert judged["max_steps"] <= 1 and abs(judged["mean_steps"]) < 0.1, judged
+
+
+class ConvThenResize(torch.nn.Module):
+    """A conv and a bilinear upsample that is the program's output (the fuzzer's seed 6302): the
+    output boundary calibrates its own parameters (zero point -12, scale 0.0054) while the
+    resize reads the conv's (zero point 5, scale 0.0057)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(410194555)
+        self.conv = torch.nn.Conv2d(1, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.interpolate(
+            self.conv(x), size=(18, 10), mode="bilinear", align_corners=False
+        )
+
+
+def _export_conv_then_resize(root: Path) -> object:
+    x = torch.rand(1, 1, 9, 5, generator=torch.Generator().manual_seed(1070326322))
+    return export_model(
+        ConvThenResize().eval(), (x,), target="vgf", artifacts_root=root, verify=True
+    )
+
+
+@pytest.mark.slow
+def test_vgf_resize_at_the_output_reads_its_input_in_the_output_parameters(
+    tmp_path: Path,
+) -> None:
+    """Arm lowers an int8 bilinear resize as a RESIZE rescaled by 1/scale^2 with zero points 0,
+    reading the input's integers in the output's parameters; on Arm the quantized model
+    requantizes the resize's input to them (``requantize.INTERPOLATING_OPS``), as the program
+    computes."""
+    result = _export_conv_then_resize(tmp_path / "fixed")
+    (judged,) = result.verification["verdict"]["outputs"]  # type: ignore[attr-defined]
+    assert judged["passes"] and abs(judged["mean_steps"]) < 0.2, judged
+
+
+@pytest.mark.slow
+def test_upstream_arm_backend_resizes_int8_in_the_output_parameters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pin: without the requantize the program is biased (+7 steps; executorch 1.5.1,
+    ``backends/arm/_passes/rewrite_upsample.py``). When this fails, Arm rescales a resize's
+    parameters itself and ``INTERPOLATING_OPS`` may go."""
+    unfixed = quantize_module.requantize_shared_inputs
+    monkeypatch.setattr(
+        quantize_module,
+        "requantize_shared_inputs",
+        lambda gm, **_: unfixed(gm, interpolations=False),
+    )
+    with pytest.raises(VerificationError) as caught:
+        _export_conv_then_resize(tmp_path / "unfixed")
+    (failure,) = caught.value.failures
+    assert failure["mean_steps"] > 3, failure  # measured +7.0
 
 
 _TAILS = {

@@ -19,8 +19,20 @@ from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
 from quant_models import qparams_of
 from torch.fx import GraphModule, Node
 
-from etkit_quant import BoundaryQuantizer, fixed, is_dequantize, is_quantize, quantize, snorm8
-from etkit_quant.requantize import SHARED_PARAMETER_OPS, requantize_shared_inputs
+from etkit_quant import (
+    BoundaryQuantizer,
+    fixed,
+    is_dequantize,
+    is_quantize,
+    observed_int8,
+    quantize,
+    snorm8,
+)
+from etkit_quant.requantize import (
+    INTERPOLATING_OPS,
+    SHARED_PARAMETER_OPS,
+    requantize_shared_inputs,
+)
 
 
 class LookupThenUpdate(torch.nn.Module):
@@ -102,7 +114,7 @@ def test_shared_parameter_ops_read_their_inputs_in_their_output_parameters(
     integers as they are); with it, none, and the quantized model computes the same values
     exactly."""
     model = LookupThenUpdate().eval()
-    monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm: [])
+    monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm, **_: [])
     before = _quantize(target, model)
     if target == "vgf":  # the XNNPACK quantizer requantizes this cat's inputs itself
         assert any(m.startswith("cat") for m in _mismatches(before)), _mismatches(before)
@@ -114,7 +126,7 @@ def test_shared_parameter_ops_read_their_inputs_in_their_output_parameters(
 
 
 def test_rewrite_reports_the_ops_and_is_idempotent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm: [])
+    monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm, **_: [])
     gm = _quantize("vgf", LookupThenUpdate().eval())
     rewritten = requantize_shared_inputs(gm)
     assert rewritten and all(name.startswith("cat") for name in rewritten), rewritten
@@ -164,7 +176,7 @@ def test_pad_clamp_and_max_read_their_input_in_their_output_parameters(
         )
         return quantize(WarpCatPad(op).eval(), inputs, quantizer)
 
-    monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm: [])
+    monkeypatch.setattr(quantize_module, "requantize_shared_inputs", lambda gm, **_: [])
     ops = frozenset({op})
     before = run()
     assert _mismatches(before, ops), _mismatches(before)
@@ -244,3 +256,39 @@ def test_a_negation_reads_its_input_so_the_integer_negation_is_exact(
     negated = torch.clamp(-(requantized.to(torch.int32) - zero_in) + out[1], -128, 127)
     wanted = qd.quantize_per_tensor.default(-dequantized, *out, torch.int8)
     assert torch.equal(negated.to(torch.int8), wanted)
+
+
+class ConvResize(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(1, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.interpolate(
+            self.conv(x), size=(18, 10), mode="bilinear", align_corners=False
+        )
+
+
+@pytest.mark.parametrize("target", ["vgf", "xnnpack"])
+def test_a_bilinear_resize_reads_its_input_in_its_output_parameters_on_arm_only(
+    target: str,
+) -> None:
+    """Arm computes an int8 bilinear resize on the input's integers in the output's parameters
+    (``INTERPOLATING_OPS``): there the resize's input is requantized. XNNPACK resizes in float,
+    where a requantize would only add a rounding: there it is not."""
+    x = torch.rand(1, 1, 9, 5, generator=torch.Generator().manual_seed(3))
+    quantizer = BoundaryQuantizer(
+        _base(target),  # type: ignore[arg-type]
+        input_qspecs=(observed_int8(),),
+        output_qspecs=(observed_int8(),),
+    )
+    gm = quantize(ConvResize().eval(), (x,), quantizer)
+    mismatches = _mismatches(gm, INTERPOLATING_OPS)
+    if target == "vgf":
+        assert mismatches == []
+        (resize,) = [n for n in gm.graph.nodes if "upsample_bilinear2d" in str(n.target)]
+        (source,) = resize.all_input_nodes
+        assert is_dequantize(source) and is_quantize(source.args[0])  # the requantize
+    else:
+        assert mismatches and mismatches[0].startswith("upsample_bilinear2d"), mismatches

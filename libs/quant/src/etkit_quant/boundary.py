@@ -190,6 +190,14 @@ class BoundaryQuantizer(Quantizer):  # type: ignore[misc]  # torchao is untyped
         self.grid_sampler_image_from_producer = grid_sampler_image_from_producer
         self._annotations: dict[str, QuantizationAnnotation] = {}
 
+    @property
+    def arm_base(self) -> bool:
+        """Whether the base is one of ExecuTorch's Arm quantizers (VGF, Ethos-U, TOSA): their
+        lowering computes a bilinear resize on the integers in its output's parameters
+        (``requantize.INTERPOLATING_OPS``) and clamps a rescale at the type's range
+        (``narrow_ranges``)."""
+        return self._arm_base
+
     def _computed(self, qspec: QuantizationSpec | None) -> QuantizationSpec | None:
         """``qspec`` as the base's backend computes it: XNNPACK clamps int8 at [-128, 127]
         whatever a qspec's ``quant_min`` says, so on a base that is not Arm's a calibrated

@@ -33,7 +33,7 @@ from torchao.quantization.pt2e.quantizer import (
     SharedQuantizationSpec,
 )
 
-from etkit_quant.biases import snap_biases_while_training, snap_float_biases, unsnap_biases
+from etkit_quant.biases import snap_biases_while_training, unsnap_biases
 from etkit_quant.boundary import ANNOTATION_KEY, BoundaryQuantizer, own_constants, user_inputs
 from etkit_quant.graph import attribute, is_grid_sampler, operator_name
 from etkit_quant.normalize import normalize_program
@@ -45,7 +45,7 @@ from etkit_quant.qspecs import (
     observed_int8,
     observed_int16,
 )
-from etkit_quant.requantize import requantize_shared_inputs
+from etkit_quant.quantize import arm_lowering, fit_to_backend
 
 # The package's public name (etkit_quant/__init__.py imports this module after it).
 from etkit_quant import check_calibration  # isort: skip
@@ -57,6 +57,7 @@ SAMPLER_KEY: Final = "etkit_qat_grid_sampler"
 target and its arguments after the image and the grid), which ``convert_qat`` puts back."""
 _TIED_KEY: Final = "etkit_qat_tied"
 _OBSERVING_KEY: Final = "etkit_qat_observing"
+_ARM_KEY: Final = "etkit_qat_arm"  # quantize.arm_lowering
 
 # aten.grid_sampler / grid_sampler_2d's integer codes.
 MODE_NAMES: Final[dict[int, str]] = {0: "bilinear", 1: "nearest", 2: "bicubic"}
@@ -189,6 +190,7 @@ def prepare_qat(
         quantizer.check_counts(len(user_inputs(graph_module)), num_outputs)
     prepared: GraphModule = prepare_qat_pt2e(graph_module, _QatQuantizer(quantizer))
     prepared.meta[_TIED_KEY] = _tie_unshared_parameters(prepared)
+    prepared.meta[_ARM_KEY] = arm_lowering(quantizer)
     _with_class(prepared, QatGraphModule)
     assert isinstance(prepared, QatGraphModule)
 
@@ -220,7 +222,7 @@ def prepare_qat(
 def convert_qat(prepared: GraphModule) -> GraphModule:
     """The quantized model of a module ``prepare_qat`` returned (trained or not), as
     ``quantize`` returns it: ``convert_pt2e`` of a copy in eval mode, then
-    ``requantize_shared_inputs`` and ``snap_float_biases``. Nothing is calibrated again: every
+    ``fit_to_backend``. Nothing is calibrated again: every
     quantize takes the scale and zero point its fake quantize holds (those its eval forward
     applies), and grid samplers replaced for training are the ``aten`` grid samplers again,
     between the same quantizes.
@@ -240,11 +242,11 @@ def convert_qat(prepared: GraphModule) -> GraphModule:
         _hold_observed(fq)
         _pin_qparams(fq)
     model.meta.pop(_OBSERVING_KEY, None)
+    arm = bool(model.meta.pop(_ARM_KEY, False))
     unsnap_biases(model)  # snap_float_biases rounds them again, on the converted scales
     converted: GraphModule = convert_pt2e(model)
     move_exported_model_to_eval(converted)  # (already eval: a no-op kept for the contract)
-    requantize_shared_inputs(converted)  # exact: the converted model's values do not change
-    snap_float_biases(converted)  # the float biases the backend quantizes: as it will
+    fit_to_backend(converted, arm)  # as quantize
     return converted
 
 

@@ -13,6 +13,7 @@ from torchao.quantization.pt2e.quantizer import Quantizer
 from etkit_quant.biases import snap_float_biases
 from etkit_quant.boundary import BoundaryQuantizer, own_constants, user_inputs
 from etkit_quant.calibration import OnSample, check_calibration
+from etkit_quant.narrow_ranges import clamp_narrow_ranges
 from etkit_quant.observers import ObserverStates, load_observer_states
 from etkit_quant.requantize import requantize_shared_inputs
 
@@ -24,6 +25,30 @@ def _check_example_inputs(example_inputs: object, what: str) -> tuple[torch.Tens
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{what}[{k}] must be a torch.Tensor, got {type(value).__name__}")
     return example_inputs
+
+
+def arm_lowering(quantizer: Quantizer) -> bool:
+    """Whether ``quantizer`` (a ``BoundaryQuantizer``'s base, or itself) is one of ExecuTorch's
+    Arm quantizers, whose lowering computes a bilinear resize on its input's integers in its
+    output's parameters (``requantize.INTERPOLATING_OPS``) and clamps every rescale at the
+    type's range (``narrow_ranges``)."""
+    if isinstance(quantizer, BoundaryQuantizer):
+        return quantizer.arm_base
+    return type(quantizer).__module__.startswith("executorch.backends.arm")
+
+
+def fit_to_backend(converted: GraphModule, arm: bool) -> None:
+    """What ``quantize`` and ``convert_qat`` do to a converted model so that it computes what
+    the backend will: ops that backends compute on the integers themselves read their inputs
+    in their output's parameters (``requantize_shared_inputs``; exact, but for a rounding in
+    front of each bilinear resize on Arm, where the program rounds there), on Arm a narrowed
+    int8 range holds where the lowering would not keep it (``clamp_narrow_ranges``: exact),
+    and float biases that the backend quantizes when it lowers are the values it will compute
+    with (``snap_float_biases``)."""
+    requantize_shared_inputs(converted, interpolations=arm)
+    if arm:
+        clamp_narrow_ranges(converted)
+    snap_float_biases(converted)
 
 
 def quantize(
@@ -39,27 +64,26 @@ def quantize(
     on_calibrated: Callable[[GraphModule], None] | None = None,
 ) -> GraphModule:
     """Exports ``model`` (strict), prepares it with ``quantizer``, runs it on each tuple of
-        ``calibration`` (the example inputs when ``None``) and converts it. Returns the converted
-        graph module, with quantize/dequantize nodes. ``on_sample(done, total)`` is called after
-        each calibration sample (for a progress bar). Ops that backends compute on the integers
-        themselves read their inputs in their output's parameters (``requantize_shared_inputs``),
-    and float biases that the backend quantizes when it lowers are the values it will compute
-    with (``snap_float_biases``).
+    ``calibration`` (the example inputs when ``None``) and converts it. Returns the converted
+    graph module, with quantize/dequantize nodes. ``on_sample(done, total)`` is called after
+    each calibration sample (for a progress bar). Ops that backends compute on the integers
+    themselves read their inputs in their output's parameters, and the rest of
+    ``fit_to_backend``.
 
-        Every calibration sample is checked before any work (``check_calibration``: a tuple of
-        finite tensors with the example inputs' count, shapes and dtypes; the error names the sample
-        and the input). Raises ``TypeError`` for a model that is not a ``torch.nn.Module``, example
-        inputs that are not a tuple of tensors, or a quantizer that is not a PT2E ``Quantizer``;
-        ``ValueError`` for a bad calibration sample, or when a ``BoundaryQuantizer``'s qspec counts
-        do not fit the model (checked right after export, before anything else runs).
+    Every calibration sample is checked before any work (``check_calibration``: a tuple of
+    finite tensors with the example inputs' count, shapes and dtypes; the error names the sample
+    and the input). Raises ``TypeError`` for a model that is not a ``torch.nn.Module``, example
+    inputs that are not a tuple of tensors, or a quantizer that is not a PT2E ``Quantizer``;
+    ``ValueError`` for a bad calibration sample, or when a ``BoundaryQuantizer``'s qspec counts
+    do not fit the model (checked right after export, before anything else runs).
 
-        ``dynamic_shapes``: ``torch.export``'s, for a model exported with dynamic dimensions (the
-        converted graph keeps them). ``observers`` (``etkit_quant.observers.observer_states`` of a
-        calibrated prepare of the same model, at another input size): loaded into this prepare's
-        observers instead of running any calibration sample, so that this conversion gives the
-        same quantization parameters (``ValueError`` when the two graphs differ in more than their
-        shapes). ``on_calibrated(prepared)`` is called after calibration, before conversion (to
-        take ``observer_states`` of it)."""
+    ``dynamic_shapes``: ``torch.export``'s, for a model exported with dynamic dimensions (the
+    converted graph keeps them). ``observers`` (``etkit_quant.observers.observer_states`` of a
+    calibrated prepare of the same model, at another input size): loaded into this prepare's
+    observers instead of running any calibration sample, so that this conversion gives the
+    same quantization parameters (``ValueError`` when the two graphs differ in more than their
+    shapes). ``on_calibrated(prepared)`` is called after calibration, before conversion (to
+    take ``observer_states`` of it)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = _check_example_inputs(example_inputs, "example_inputs")
@@ -91,6 +115,5 @@ def quantize(
     if on_calibrated is not None:
         on_calibrated(prepared)
     converted: GraphModule = convert_pt2e(prepared)
-    requantize_shared_inputs(converted)  # exact: the converted model's values do not change
-    snap_float_biases(converted)  # the float biases the backend quantizes: as it will
+    fit_to_backend(converted, arm_lowering(quantizer))
     return converted

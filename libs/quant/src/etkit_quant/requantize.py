@@ -19,6 +19,16 @@ maps 0 to the zero point; a reflect, replicate or circular pad, a nearest resize
 so quantizing before them gives exactly what quantizing after gives: the quantized model's
 values do not change (tested for equality), and the backend sees a plain requantize
 (``dq -> q``, a TOSA ``RESCALE``) in front of an op whose inputs and output agree.
+
+``INTERPOLATING_OPS`` (a bilinear resize) are not exact so: the op mixes values, and quantizing
+its input in the output's parameters adds one rounding before it. ExecuTorch 1.5.1's Arm
+backend (``backends/arm/_passes/rewrite_upsample.py``) lowers an int8 bilinear upsample to a
+TOSA ``RESIZE`` of the int8 input and a ``RESCALE`` by ``1 / (scale_y * scale_x)`` with both
+zero points 0: it reads the input's integers in the output's parameters. With an input of
+another scale or zero point (a conv's output and a calibrated model output, as fuzz seed 6302
+had) the VGF was biased +7 steps; with the requantize in front (``interpolations=True``, what
+etkit-quant does on an Arm base) the quantized model rounds once more, as the program does,
+and they agree within rounding.
 """
 
 from __future__ import annotations
@@ -89,6 +99,9 @@ SHARED_PARAMETER_OPS: Final = frozenset(
         "aten::neg",  # in the negated parameters (see _negated)
     }
 )
+# ATen ops that a backend computes on the integers of their input in their output's parameters,
+# mixing values (so a requantize in front changes the result by a rounding): Arm's int8 RESIZE.
+INTERPOLATING_OPS: Final = frozenset({"aten::upsample_bilinear2d"})
 _PER_TENSOR_ARGS: Final = 5  # scale, zero_point, quant_min, quant_max, dtype
 
 
@@ -162,15 +175,19 @@ def _negated(out: tuple[Any, ...]) -> tuple[Any, ...] | None:
     return (scale, negated_zero, negated_low, info.max, dtype)
 
 
-def requantize_shared_inputs(model: GraphModule) -> list[str]:
+def requantize_shared_inputs(model: GraphModule, *, interpolations: bool = False) -> list[str]:
     """Inserts ``quantize``/``dequantize`` in the output's parameters before each input of an op
-    of ``SHARED_PARAMETER_OPS`` that is dequantized with other parameters, where every user of
-    the op quantizes its output with one set of parameters. Returns the names of the ops whose
-    inputs were requantized; the graph is recompiled when there are any."""
+    of ``SHARED_PARAMETER_OPS`` (and, with ``interpolations``, of ``INTERPOLATING_OPS``: for a
+    backend that computes them on the integers, Arm's) that is dequantized with other
+    parameters, where every user of the op quantizes its output with one set of parameters.
+    Returns the names of the ops whose inputs were requantized; the graph is recompiled when
+    there are any. The values of the model do not change, except by one rounding in front of
+    each interpolating op requantized."""
+    ops = SHARED_PARAMETER_OPS | INTERPOLATING_OPS if interpolations else SHARED_PARAMETER_OPS
     rewritten: list[str] = []
     for node in list(model.graph.nodes):
         name = _op_name(node) if node.op == "call_function" else ""
-        if name not in SHARED_PARAMETER_OPS:
+        if name not in ops:
             continue
         if name == "aten::pad" and _pad_mode(node) == "constant":
             continue  # XNNPACK's partitions then formed a cycle around DetagQuantizedPads

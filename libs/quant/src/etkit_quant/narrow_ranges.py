@@ -1,0 +1,125 @@
+"""``clamp_narrow_ranges``: a narrowed integer range (SNORM8's [-127, 127]) that an Arm program
+keeps where its quantized model does.
+
+A quantize clamps to its ``quant_min`` and ``quant_max``. ExecuTorch 1.5.1's Arm backend lowers
+the quantize of a computed int8 value (a conv's, an add's, a requantize ``dq -> q``) as a TOSA
+``RESCALE``, which clamps to the type's range, [-128, 127], and reads no ``quant_min``
+(``backends/arm/operators/op_tosa_rescale.py``). Where the float value lies more than half a
+step below ``-127 * scale`` (a tensor that clips: the saturation report warns), the quantized
+model writes -127 and the program -128. The fuzzer's seed 6721: a conv's output resized and
+requantized into a concatenation that shares a grid sampler's SNORM8 output, 18 % of it below
+-1; the next conv came out biased -0.30 steps (bound 0.115).
+
+The rewrite puts a ``clamp`` to the range between the value's dequantize and a quantize in the
+same parameters: the quantized model's values do not change (they lie in the range already),
+and the Arm backend lowers a quantized clamp as a TOSA ``CLAMP`` of the integers to
+[``quant_min``, ``quant_max``], so the program keeps the range too. Values that an op only
+moves or selects (``requantize.SHARED_PARAMETER_OPS``), a bilinear resize of values in the
+range, a grid sampler (etkit's kernel clamps to its qspec), float coordinate arithmetic (Arm
+decomposes the quantize of a float value with a clamp to the range) and the program's inputs
+need none.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import torch
+from torch.fx import GraphModule, Node
+
+from etkit_quant.boundary import ARM_ANNOTATION_INFO_KEY
+from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize, operator_name
+from etkit_quant.requantize import INTERPOLATING_OPS, SHARED_PARAMETER_OPS
+
+logger = logging.getLogger(__name__)
+
+
+def _narrowed(node: Node) -> tuple[float, int, int, int] | None:
+    """(scale, zero point, quant_min, quant_max) of a per-tensor quantize whose range is narrower
+    than its integer type's; ``None`` for any other node."""
+    if not is_quantize(node) or "per_tensor" not in operator_name(node.target):
+        return None
+    scale, zero, low, high, dtype = (list(node.args[1:6]) + [None] * 5)[:5]
+    if not isinstance(dtype, torch.dtype) or dtype.is_floating_point:
+        return None
+    if not all(isinstance(v, (int, float)) for v in (scale, zero, low, high)):
+        return None  # parameters held in tensors
+    info = torch.iinfo(dtype)
+    if int(low) <= info.min and int(high) >= info.max:  # type: ignore[arg-type]
+        return None
+    return float(scale), int(zero), int(low), int(high)  # type: ignore[arg-type]
+
+
+def _rescaled(source: Node) -> bool:
+    """Whether the Arm lowering computes the value a quantize reads as integers and lowers the
+    quantize as a ``RESCALE`` (which clamps at the type's range only): a requantize, or an op
+    the Arm annotation marks quantized (else one reading a dequantize). Not a float op's value
+    (coordinate arithmetic: its quantize is decomposed with a clamp to the range), a program
+    input, a grid sampler's output (etkit's kernel clamps to its qspec), nor an op that only
+    moves, selects or interpolates values read in the same parameters."""
+    if is_dequantize(source):
+        return True
+    if source.op != "call_function" or is_grid_sampler(source):
+        return False
+    name = operator_name(source.target).split(".")[0].removesuffix("_copy")
+    if name in SHARED_PARAMETER_OPS or name in INTERPOLATING_OPS:
+        return False
+    info = source.meta.get("custom", {}).get(ARM_ANNOTATION_INFO_KEY)
+    if isinstance(info, Mapping):
+        return bool(info.get("quantized", False))
+    return any(is_dequantize(a) for a in source.all_input_nodes)
+
+
+def _clamped(dequantize: Node) -> bool:
+    readers = list(dequantize.users)
+    return bool(readers) and all(r.target is torch.ops.aten.clamp.default for r in readers)
+
+
+def clamp_narrow_ranges(model: GraphModule) -> list[str]:
+    """Inserts ``dequantize -> clamp -> quantize`` (the same parameters) after each per-tensor
+    quantize of a computed value whose range is narrower than its type's (see the module
+    docstring), where every user of the quantize is a dequantize. Returns the names of the
+    quantizes so kept; the graph is recompiled when there are any. The model's values do not
+    change."""
+    kept: list[str] = []
+    for node in list(model.graph.nodes):
+        params = _narrowed(node)
+        source = node.args[0] if node.args else None
+        if params is None or not isinstance(source, Node):
+            continue
+        if not _rescaled(source):
+            continue
+        if is_dequantize(source) and tuple(source.args[1:6]) == tuple(node.args[1:6]):
+            continue  # the same parameters: no rescale
+        users = list(node.users)
+        if not users or not all(is_dequantize(u) for u in users):
+            continue
+        if all(_clamped(u) for u in users):
+            continue  # kept already
+        scale, zero, low, high = params
+        dequantize = users[0].target
+        assert callable(dequantize) and callable(node.target)  # call_function nodes
+        args = tuple(node.args[1:6])
+        with model.graph.inserting_after(node):
+            dq = model.graph.call_function(dequantize, (node, *args))
+        with model.graph.inserting_after(dq):
+            clamp = model.graph.call_function(
+                torch.ops.aten.clamp.default, (dq, (low - zero) * scale, (high - zero) * scale)
+            )
+        with model.graph.inserting_after(clamp):
+            q = model.graph.call_function(node.target, (clamp, *args))
+        for user in users:
+            user.replace_input_with(node, q)
+        for new in (dq, clamp, q):
+            new.meta["stack_trace"] = node.meta.get("stack_trace")
+        if "val" in users[0].meta:
+            dq.meta["val"] = clamp.meta["val"] = users[0].meta["val"]
+        if "val" in node.meta:
+            q.meta["val"] = node.meta["val"]
+        kept.append(node.name)
+    if kept:
+        logger.info("kept narrowed ranges with a clamp: %s", ", ".join(kept))
+        model.graph.lint()
+        model.recompile()
+    return kept
