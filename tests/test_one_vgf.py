@@ -271,7 +271,8 @@ def test_one_flow_warping_two_tensors_verifies(sampler_delegate: bool, tmp_path:
     assert result.verification is not None
     verdict = result.verification["verdict"]
     assert verdict["result"] == "pass"
-    assert verdict["outputs"][0]["psnr_db"] >= 60.0
+    psnr = verdict["outputs"][0]["psnr_db"]
+    assert psnr is None or psnr >= 60.0  # None: equal to PT2E (since the clamp of -127, exact)
     paths = [p["path"] for p in result.report["grid_sampler_paths"]]
     assert paths == [OWN_DELEGATE if sampler_delegate else IN_VGF] * 2
     if not sampler_delegate:

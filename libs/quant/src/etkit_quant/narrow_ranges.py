@@ -15,15 +15,16 @@ same parameters: the quantized model's values do not change (they lie in the ran
 and the Arm backend lowers a quantized clamp as a TOSA ``CLAMP`` of the integers to
 [``quant_min``, ``quant_max``], so the program keeps the range too. Values that an op only
 moves or selects (``requantize.SHARED_PARAMETER_OPS``), a bilinear resize of values in the
-range, a grid sampler (etkit's kernel clamps to its qspec), float coordinate arithmetic (Arm
-decomposes the quantize of a float value with a clamp to the range) and the program's inputs
-need none.
+range, a grid sampler (etkit's kernel clamps to its qspec), float coordinate arithmetic and a
+bicubic resize (Arm decomposes the quantize of a float value with a clamp to the range, or the
+portable kernel quantizes it) and the program's inputs need none.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Final
 
 import torch
 from torch.fx import GraphModule, Node
@@ -33,6 +34,16 @@ from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize, opera
 from etkit_quant.requantize import INTERPOLATING_OPS, SHARED_PARAMETER_OPS
 
 logger = logging.getLogger(__name__)
+
+KEPT_RANGE_KEY: Final = "etkit_kept_range"
+"""The ``node.meta`` key marking a ``clamp`` this module inserted (reports look through it)."""
+# Ops the Arm backend computes in float whatever their annotation (its quantizer leaves a bicubic
+# resize and its decomposition float; etkit-partition's ``DetagQuantizeOfFloatResults`` keeps
+# the quantize of such a result on the portable kernel, which clamps to the range).
+_ARM_FLOAT_OPS: Final = frozenset({"aten::upsample_bicubic2d"})
+# Ops that only move values in one set of parameters beyond SHARED_PARAMETER_OPS: a constant
+# pad (the RGB -> RGBA pad of an image: its zeros are in the range).
+_MOVES_VALUES: Final = frozenset({"aten::constant_pad_nd"})
 
 
 def _narrowed(node: Node) -> tuple[float, int, int, int] | None:
@@ -54,21 +65,23 @@ def _narrowed(node: Node) -> tuple[float, int, int, int] | None:
 def _rescaled(source: Node) -> bool:
     """Whether the Arm lowering computes the value a quantize reads as integers and lowers the
     quantize as a ``RESCALE`` (which clamps at the type's range only): a requantize, or an op
-    the Arm annotation marks quantized (else one reading a dequantize). Not a float op's value
-    (coordinate arithmetic: its quantize is decomposed with a clamp to the range), a program
-    input, a grid sampler's output (etkit's kernel clamps to its qspec), nor an op that only
-    moves, selects or interpolates values read in the same parameters."""
+    the Arm annotation marks quantized (else one reading dequantized values only). Not a float
+    op's value (coordinate arithmetic: its quantize is decomposed with a clamp to the range; a
+    bicubic resize), a program input, a grid sampler's output (etkit's kernel clamps to its
+    qspec), nor an op that only moves, selects or interpolates values in the same parameters
+    (a constant pad too)."""
     if is_dequantize(source):
         return True
     if source.op != "call_function" or is_grid_sampler(source):
         return False
     name = operator_name(source.target).split(".")[0].removesuffix("_copy")
-    if name in SHARED_PARAMETER_OPS or name in INTERPOLATING_OPS:
+    if name in SHARED_PARAMETER_OPS | INTERPOLATING_OPS | _ARM_FLOAT_OPS | _MOVES_VALUES:
         return False
     info = source.meta.get("custom", {}).get(ARM_ANNOTATION_INFO_KEY)
     if isinstance(info, Mapping):
         return bool(info.get("quantized", False))
-    return any(is_dequantize(a) for a in source.all_input_nodes)
+    inputs = source.all_input_nodes  # an op on dequantized values only is an integer op
+    return bool(inputs) and all(is_dequantize(a) or a.op == "get_attr" for a in inputs)
 
 
 def _clamped(dequantize: Node) -> bool:
@@ -113,6 +126,7 @@ def clamp_narrow_ranges(model: GraphModule) -> list[str]:
             user.replace_input_with(node, q)
         for new in (dq, clamp, q):
             new.meta["stack_trace"] = node.meta.get("stack_trace")
+        clamp.meta[KEPT_RANGE_KEY] = True
         if "val" in users[0].meta:
             dq.meta["val"] = clamp.meta["val"] = users[0].meta["val"]
         if "val" in node.meta:

@@ -65,6 +65,7 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
 from etkit_quant.graph import attribute, target_name
+from etkit_quant.separable import other_addend, separate, separate_broadcast_stacks
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +194,8 @@ def normalize_program(
     report.record("drop_noop_views", drop_noop_views(module))
     report.record("slices_of_cat", slices_of_cat(module))
     report.record("fold_constants", fold_constants(module, max_folded_elements))
+    if dynamic_shapes is not None:  # (a one-size program's grid is folded: fold_constants)
+        report.record("broadcast_stacks", separate_broadcast_stacks(module))
     report.record("merge_duplicates", merge_duplicates(module))
     report.record("tensor_scalars", tensor_scalars(module))
     from etkit_quant.normalize_promotions import promoted_constants  # (it imports this module)
@@ -545,9 +548,9 @@ def fold_constants(module: GraphModule, max_elements: int = MAX_FOLDED_ELEMENTS)
     """Computes every operator that depends on no graph input (only on parameters, buffers,
     constants and literal arguments) once, and replaces each such result that a computed node
     or the output reads with a buffer holding it (``_folded_N``). Random operators and in-place
-    ones that write a value another node sees are never folded, nor results of over
-    ``max_elements`` values. Returns the names
-    of the replaced nodes."""
+    ones that write a value another node sees are never folded. A result of over
+    ``max_elements`` values is folded only as a row and a column within the limit, where it
+    is one (a pixel grid: ``_fold_separated``). Returns the names of the replaced nodes."""
     known: dict[Node, Any] = {}
     for node in module.graph.nodes:
         if node.op == "get_attr":
@@ -561,7 +564,11 @@ def fold_constants(module: GraphModule, max_elements: int = MAX_FOLDED_ELEMENTS)
         value = known.get(node)
         if node.op != "call_function" or not isinstance(value, torch.Tensor):
             continue
-        if value.numel() > max_elements or all(user in known for user in node.users):
+        if all(user in known for user in node.users):
+            continue
+        if value.numel() > max_elements:
+            if _fold_separated(module, node, value, max_elements):
+                replaced.append(node.name)
             continue
         with module.graph.inserting_before(node):
             constant = _constant(module, value.clone(), node.name)
@@ -572,6 +579,34 @@ def fold_constants(module: GraphModule, max_elements: int = MAX_FOLDED_ELEMENTS)
         _drop_unused_constants(module)
         module.recompile()
     return replaced
+
+
+def _fold_separated(module: GraphModule, node: Node, value: torch.Tensor, limit: int) -> bool:
+    """A constant over the size limit that is a row plus a column (``separable.separate``: a
+    pixel grid) becomes the two, each within the limit, added where it is read: ``value + x``
+    (an ``add`` of the same shape) becomes ``(x + row) + column``, exactly; any other reader
+    reads ``row + column``. Returns whether ``node`` was so replaced."""
+    terms = separate(value)
+    if terms is None or max(t.numel() for t in terms) > limit:
+        return False
+    with module.graph.inserting_before(node):
+        row, column = (_constant(module, t, node.name) for t in terms)
+    add = torch.ops.aten.add.Tensor
+    for user in list(node.users):
+        other = other_addend(user, node)
+        with module.graph.inserting_before(user):
+            if other is not None:
+                partial = module.graph.call_function(add, (other, row))
+                total = module.graph.call_function(add, (partial, column))
+                partial.meta.update({k: v for k, v in user.meta.items() if k != "val"})
+                total.meta.update(user.meta)
+                user.replace_all_uses_with(total)
+                module.graph.erase_node(user)
+            else:
+                total = module.graph.call_function(add, (row, column))
+                total.meta["val"] = node.meta.get("val")
+                user.replace_input_with(node, total)
+    return True
 
 
 def _foldable(node: Node, known: dict[Node, Any]) -> bool:

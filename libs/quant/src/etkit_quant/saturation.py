@@ -17,6 +17,7 @@ from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_quant.boundary import BoundaryQuantizer
 from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize, target_name
+from etkit_quant.narrow_ranges import KEPT_RANGE_KEY
 from etkit_quant.qspecs import covering, describe_qspec, fixed_qparams, is_fixed
 from etkit_quant.ranges import ObservedRange, RangeObservation, _Accumulator, _RangeInterpreter
 from etkit_quant.samples import OnSample
@@ -152,11 +153,16 @@ def _origin(node: Node) -> Node:
 
 
 def _readers(quantize: Node) -> list[Node]:
-    """The ops that read ``quantize``'s output (through its dequantizes)."""
+    """The ops that read ``quantize``'s output (through its dequantizes, and through the clamp
+    ``narrow_ranges`` keeps a range with)."""
     readers: dict[str, Node] = {}
     for user in quantize.users:
         for target in list(user.users) if is_dequantize(user) else [user]:
-            readers[target.name] = target
+            if target.meta.get(KEPT_RANGE_KEY):  # narrow_ranges' clamp: its quantize's readers
+                kept = [u for u in target.users if is_quantize(u)]
+                readers.update((r.name, r) for q in kept for r in _readers(q))
+            else:
+                readers[target.name] = target
     return [readers[name] for name in sorted(readers)]
 
 
