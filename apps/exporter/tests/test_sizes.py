@@ -102,6 +102,12 @@ def test_enumerated_export_has_a_method_per_size_each_verified(enumerated: Any) 
     for name in ("forward_24x40", "forward_40x56"):  # each on its own program, then the written
         assert verified[(name, sizes["methods"][name])]["how"] == "verify_export"
         assert "bit for bit" in verified[(name, sizes["methods"][name])]["written_method"]
+        records = verified[(name, sizes["methods"][name])]["records"]
+        folder = enumerated.artifacts_root / "methods" / name  # its ETRecord and Model Explorer
+        assert {f"methods/{name}/etrecord.bin", f"methods/{name}/etrecord.json"} <= set(records)
+        assert any("model_explorer_node_data" in r for r in records), records
+        assert all((enumerated.artifacts_root / r).is_file() for r in records)
+        assert json.loads((folder / "etrecord.json").read_text())
     assert enumerated.verification["verdict"]["result"] == "pass"
     report = json.loads((enumerated.artifacts_root / "report.json").read_text())
     assert report["sizes"]["methods"] == sizes["methods"]

@@ -8,7 +8,8 @@ from typing import Any
 
 def size_lines(sizes: dict[str, Any] | None) -> list[str]:
     """The methods and their sizes, or the range the one method takes; the bytes the methods
-    cost; the verdict at each size verified. Nothing for an export of one size."""
+    cost; the verdict at each size verified; where each other method's ETRecord and Model
+    Explorer data lie. Nothing for an export of one size."""
     if not sizes:
         return []
     lines = []
@@ -30,6 +31,9 @@ def size_lines(sizes: dict[str, Any] | None) -> list[str]:
         lines.append("verified: " + ", ".join(
             f"{e['method']} at {e['size']} {e['result']}" for e in verified
         ))  # fmt: skip
+    folders = sorted({r.rsplit("/", 1)[0] for e in verified for r in e.get("records", [])})
+    if folders:
+        lines.append("each other method's ETRecord and Model Explorer data: " + ", ".join(folders))
     return lines
 
 

@@ -13,7 +13,8 @@ the verification of every method, or of a range at the sizes that judge it.
 Verification of a method other than ``forward`` runs ``verify_export`` on that method's own
 program (the method alone, lowered by the same stages, with its own ETRecord) in a scratch
 folder, then requires the written program's method to return exactly that program's outputs on
-the same inputs: the verdict holds for the method as written."""
+the same inputs: the verdict holds for the method as written. That ETRecord, its Model Explorer
+node data and pictures are kept in the export's ``methods/<method>/``."""
 
 from __future__ import annotations
 
@@ -302,6 +303,7 @@ def _verify_method(
             tolerance=tolerance, float_export=float_export,
         )  # fmt: skip
         entry = _entry(method.name, method.size, run.verification["verdict"], "verify_export")
+        entry["records"] = _keep_records(folder, pte.parent / METHODS_FOLDER / method.name)
         written = _outputs(pte, method.name, list(run.inputs), target)
         why = _same(written, run.outputs)
         if why is not None:
@@ -309,6 +311,24 @@ def _verify_method(
         else:
             entry["written_method"] = "returns the verified program's outputs, bit for bit"
     return entry, BundleCase(method.name, list(run.inputs), list(written))
+
+
+METHODS_FOLDER = "methods"
+# What a method's own verification writes that covers it as forward's cover forward: its
+# ETRecord (ExecuTorch's Inspector, etkit inspect), Model Explorer node data and pictures.
+_RECORDS = ("etrecord.bin", "etrecord.json", "model_explorer_node_data*.json", "verify_*.png")
+
+
+def _keep_records(scratch: Path, destination: Path) -> list[str]:
+    """Copies ``_RECORDS`` of a method's verification folder into ``destination`` (the export's
+    ``methods/<method>/``); returns their paths relative to the export's folder."""
+    destination.mkdir(parents=True, exist_ok=True)
+    kept: list[str] = []
+    for pattern in _RECORDS:
+        for path in sorted(scratch.glob(pattern)):
+            (destination / path.name).write_bytes(path.read_bytes())
+            kept.append(f"{METHODS_FOLDER}/{destination.name}/{path.name}")
+    return kept
 
 
 def check_methods_load(pte: Path, methods: Sequence[Method], target: str) -> None:
