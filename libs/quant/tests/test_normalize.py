@@ -453,3 +453,25 @@ def test_adaptive_max_pools_over_whole_tiles_become_max_pools() -> None:
     assert after.count("aten::adaptive_max_pool2d") == 1, after
     pool = next(n for n in normalized.graph.nodes if target_name(n) == "aten::max_pool2d")
     assert list(pool.args[1:3]) == [[4, 5], [4, 5]]
+
+
+class DeadBranch(torch.nn.Module):
+    """A warp computed and dropped (a debugging leftover): ``torch.export`` keeps it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        grid = F.affine_grid(theta, [1, 1, 6, 7], align_corners=False)
+        _unused = F.grid_sample(x, grid, align_corners=False)
+        return self.conv(x)
+
+
+def test_dead_code_leaves_the_graph() -> None:
+    torch.manual_seed(0)
+    x, theta = torch.rand(1, 1, 6, 7), torch.tensor([[[1.0, 0.1, 0.0], [0.0, 1.0, 0.1]]])
+    exported, normalized, steps = _normalized(DeadBranch(), x, theta)
+    assert "aten::grid_sampler" in _ops(exported)  # torch.export keeps it
+    assert "drop_dead_code" in steps
+    assert not any("grid_sampler" in op or "affine_grid" in op for op in _ops(normalized))

@@ -22,6 +22,10 @@ what it computes (each is tested for exact equality on the float model):
   are then those tiles; ``max_pool2d_with_indices`` where its indices are read). ExecuTorch
   1.5.1 refuses ``adaptive_max_pool2d`` on both targets (not a Core ATen op, and torch has no
   decomposition of it), and its quantizers annotate ``max_pool2d``;
+- ``drop_dead_code``: ops whose result nothing reads (a branch a model computes and drops:
+  ``torch.export`` keeps it) leave the graph, pure ops only. A dead grid sampler of an input
+  that a conv also reads gave that input two quantizes, which ExecuTorch 1.5.1's
+  ``QuantizeInputs`` refuses ("Input 0 has more than one users");
 - ``drop_metadata_asserts``: ``aten._assert_tensor_metadata`` nodes (what ``.to()`` leaves)
   are removed, and ``.to()`` conversions that change neither dtype nor device are bypassed;
 - ``drop_noop_views``: ops whose result is their input unchanged (``x[:, 0:C]`` of a C-channel
@@ -188,6 +192,7 @@ def normalize_program(
         program = program.run_decompositions({})  # functionalization only: decomposes nothing
     report.record("functionalize", mutating)
     module: GraphModule = program.module(check_guards=False)
+    report.record("drop_dead_code", drop_dead_code(module))
     report.record("functional_activations", functional_activations(module))
     report.record("adaptive_max_pools", adaptive_max_pools(module))
     report.record("drop_metadata_asserts", drop_metadata_asserts(module))
@@ -313,6 +318,22 @@ def adaptive_max_pools(module: GraphModule) -> list[str]:
 def _value(node: object) -> torch.Tensor | None:
     value = node.meta.get("val") if isinstance(node, Node) else None
     return value if isinstance(value, torch.Tensor) else None
+
+
+def drop_dead_code(module: GraphModule) -> list[str]:
+    """Removes every pure op whose result nothing reads, repeatedly (what reads only dead ops
+    dies too). Returns the names of the removed nodes (not of unread ``getitem`` s)."""
+    removed: list[str] = []
+    erased = False
+    for node in reversed(list(module.graph.nodes)):
+        if node.op == "call_function" and not node.users and not node.is_impure():
+            if node.target is not operator.getitem:  # (an unread result of a live op: not news)
+                removed.append(node.name)
+            module.graph.erase_node(node)
+            erased = True
+    if erased:
+        module.recompile()
+    return removed
 
 
 def drop_metadata_asserts(module: GraphModule) -> list[str]:
