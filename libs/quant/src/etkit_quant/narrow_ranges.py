@@ -30,8 +30,13 @@ import torch
 from torch.fx import GraphModule, Node
 
 from etkit_quant.boundary import ARM_ANNOTATION_INFO_KEY
-from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize, operator_name
-from etkit_quant.requantize import INTERPOLATING_OPS, SHARED_PARAMETER_OPS
+from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize
+from etkit_quant.requantize import (
+    INTERPOLATING_OPS,
+    SHARED_PARAMETER_OPS,
+    base_op_name,
+    per_tensor_parameters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,17 +54,14 @@ _MOVES_VALUES: Final = frozenset({"aten::constant_pad_nd"})
 def _narrowed(node: Node) -> tuple[float, int, int, int] | None:
     """(scale, zero point, quant_min, quant_max) of a per-tensor quantize whose range is narrower
     than its integer type's; ``None`` for any other node."""
-    if not is_quantize(node) or "per_tensor" not in operator_name(node.target):
+    params = per_tensor_parameters(node) if is_quantize(node) else None
+    if params is None or params[4].is_floating_point:
         return None
-    scale, zero, low, high, dtype = (list(node.args[1:6]) + [None] * 5)[:5]
-    if not isinstance(dtype, torch.dtype) or dtype.is_floating_point:
-        return None
-    if not all(isinstance(v, (int, float)) for v in (scale, zero, low, high)):
-        return None  # parameters held in tensors
+    scale, zero, low, high, dtype = params
     info = torch.iinfo(dtype)
-    if int(low) <= info.min and int(high) >= info.max:  # type: ignore[arg-type]
+    if low <= info.min and high >= info.max:
         return None
-    return float(scale), int(zero), int(low), int(high)  # type: ignore[arg-type]
+    return float(scale), int(zero), int(low), int(high)
 
 
 def _rescaled(source: Node) -> bool:
@@ -74,7 +76,7 @@ def _rescaled(source: Node) -> bool:
         return True
     if source.op != "call_function" or is_grid_sampler(source):
         return False
-    name = operator_name(source.target).split(".")[0].removesuffix("_copy")
+    name = base_op_name(source)
     if name in SHARED_PARAMETER_OPS | INTERPOLATING_OPS | _ARM_FLOAT_OPS | _MOVES_VALUES:
         return False
     info = source.meta.get("custom", {}).get(ARM_ANNOTATION_INFO_KEY)
@@ -103,7 +105,7 @@ def clamp_narrow_ranges(model: GraphModule) -> list[str]:
             continue
         if not _rescaled(source):
             continue
-        if is_dequantize(source) and tuple(source.args[1:6]) == tuple(node.args[1:6]):
+        if is_dequantize(source) and per_tensor_parameters(source) == per_tensor_parameters(node):
             continue  # the same parameters: no rescale
         users = list(node.users)
         if not users or not all(is_dequantize(u) for u in users):

@@ -69,7 +69,7 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
 from etkit_quant.graph import attribute, target_name
-from etkit_quant.separable import other_addend, separate, separate_broadcast_stacks
+from etkit_quant.separable import add_where_read, separate, separate_broadcast_stacks
 
 logger = logging.getLogger(__name__)
 
@@ -612,21 +612,7 @@ def _fold_separated(module: GraphModule, node: Node, value: torch.Tensor, limit:
         return False
     with module.graph.inserting_before(node):
         row, column = (_constant(module, t, node.name) for t in terms)
-    add = torch.ops.aten.add.Tensor
-    for user in list(node.users):
-        other = other_addend(user, node)
-        with module.graph.inserting_before(user):
-            if other is not None:
-                partial = module.graph.call_function(add, (other, row))
-                total = module.graph.call_function(add, (partial, column))
-                partial.meta.update({k: v for k, v in user.meta.items() if k != "val"})
-                total.meta.update(user.meta)
-                user.replace_all_uses_with(total)
-                module.graph.erase_node(user)
-            else:
-                total = module.graph.call_function(add, (row, column))
-                total.meta["val"] = node.meta.get("val")
-                user.replace_input_with(node, total)
+    add_where_read(module, node, [row, column])
     return True
 
 

@@ -105,7 +105,7 @@ INTERPOLATING_OPS: Final = frozenset({"aten::upsample_bilinear2d"})
 _PER_TENSOR_ARGS: Final = 5  # scale, zero_point, quant_min, quant_max, dtype
 
 
-def _parameters(node: Node) -> tuple[Any, ...] | None:
+def per_tensor_parameters(node: Node) -> tuple[Any, ...] | None:
     """The (scale, zero point, min, max, dtype) of a per-tensor quantize or dequantize node."""
     if "per_tensor" not in operator_name(node.target):
         return None
@@ -121,7 +121,7 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return a[1:] == b[1:] and float(a[0]) == float(b[0])
 
 
-def _op_name(node: Node) -> str:
+def base_op_name(node: Node) -> str:
     """``"aten::view"`` for ``aten.view.default`` and the edge dialect's ``aten.view_copy``."""
     return operator_name(node.target).split(".")[0].removesuffix("_copy")
 
@@ -186,7 +186,7 @@ def requantize_shared_inputs(model: GraphModule, *, interpolations: bool = False
     ops = SHARED_PARAMETER_OPS | INTERPOLATING_OPS if interpolations else SHARED_PARAMETER_OPS
     rewritten: list[str] = []
     for node in list(model.graph.nodes):
-        name = _op_name(node) if node.op == "call_function" else ""
+        name = base_op_name(node) if node.op == "call_function" else ""
         if name not in ops:
             continue
         if name == "aten::pad" and _pad_mode(node) == "constant":
@@ -194,7 +194,7 @@ def requantize_shared_inputs(model: GraphModule, *, interpolations: bool = False
         users = _output_quantizes(node)
         if users is None:
             continue
-        outputs = [_parameters(u) for u in users]
+        outputs = [per_tensor_parameters(u) for u in users]
         out = outputs[0]
         if out is None or not all(o is not None and _same(o, out) for o in outputs):
             continue
@@ -203,7 +203,7 @@ def requantize_shared_inputs(model: GraphModule, *, interpolations: bool = False
             continue
         changed = False
         for source in _tensor_inputs(node):
-            params = _parameters(source) if is_dequantize(source) else None
+            params = per_tensor_parameters(source) if is_dequantize(source) else None
             if params is None or _same(params, wanted):
                 continue
             quantize, dequantize = users[0].target, source.target

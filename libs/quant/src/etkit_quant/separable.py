@@ -17,6 +17,8 @@ a plane, added to the flow the same way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch.fx import GraphModule, Node
 
@@ -75,6 +77,26 @@ def other_addend(user: Node, node: Node) -> Node | None:
     return other if (mine.shape, mine.dtype) == (result.shape, result.dtype) else None
 
 
+def add_where_read(module: GraphModule, node: Node, terms: Sequence[Node]) -> None:
+    """Replaces ``node`` by the sum of ``terms`` (equal to it bit for bit, each value one term's
+    plus zeros) where it is read: a reader ``node + x`` of ``node``'s shape becomes
+    ``(x + terms[0]) + terms[1] ...``, any other reader reads ``terms[0] + terms[1] ...``."""
+    for user in list(node.users):
+        other = other_addend(user, node)
+        with module.graph.inserting_before(user):
+            total = other if other is not None else terms[0]
+            for term in terms if other is not None else terms[1:]:
+                total = module.graph.call_function(torch.ops.aten.add.Tensor, (total, term))
+                total.meta["stack_trace"] = node.meta.get("stack_trace")
+        if other is not None:
+            total.meta.update(user.meta)
+            user.replace_all_uses_with(total)
+            module.graph.erase_node(user)
+        else:
+            total.meta["val"] = node.meta.get("val")
+            user.replace_input_with(node, total)
+
+
 def _broadcast_source(tensor: object) -> Node | None:
     """``x`` of ``expand(x, shape)`` where ``x`` has the result's rank (size 1 where it is
     broadcast) and a floating dtype, read by nothing else."""
@@ -118,20 +140,7 @@ def separate_broadcast_stacks(module: GraphModule) -> list[str]:
                 )
                 for k, s in enumerate(sources)
             ]
-        for user in list(node.users):
-            other = other_addend(user, node)
-            with module.graph.inserting_before(user):
-                total = other if other is not None else terms[0]
-                for term in terms if other is not None else terms[1:]:
-                    total = module.graph.call_function(aten.add.Tensor, (total, term))
-                    total.meta["stack_trace"] = node.meta.get("stack_trace")
-            if other is not None:
-                total.meta.update(user.meta)
-                user.replace_all_uses_with(total)
-                module.graph.erase_node(user)
-            else:
-                total.meta["val"] = node.meta.get("val")
-                user.replace_input_with(node, total)
+        add_where_read(module, node, terms)
         rewritten.append(node.name)
     if rewritten:
         module.graph.eliminate_dead_code()
