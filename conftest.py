@@ -5,14 +5,29 @@ heaviest files here hold few slow tests: the isolated installs, the fuzz seeds, 
 
 ``FILE_SECONDS``: each heavy file's wall time on one worker, estimated from ``--durations`` of
 full runs on this project's 2-core machines (rounded; it only orders the files). Files not
-listed follow, those with more tests first; tests keep their order within a file."""
+listed follow, those with more tests first; tests keep their order within a file.
+
+A watchdog (``pytest_runtest_protocol``): a test whose setup, call and teardown together run
+past ``TEST_LIMIT_SECONDS`` (``ETKIT_TEST_LIMIT`` overrides it; 0 turns it off) is a hang, not a
+slow test: the test's name and every thread's Python stack are written down (the run's summary
+prints them) and the process exits, so that a run reports the hang as a failure (pytest-xdist
+replaces the worker and goes on) instead of running into CI's limit with nothing printed. The slowest test (a module's exports in its
+first test's setup) takes about 70 s on this project's 2-core machines."""
 
 from __future__ import annotations
 
+import faulthandler
+import os
+import shutil
+import threading
 from collections import Counter
-from typing import Final
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final, TextIO
 
 import pytest
+
+TEST_LIMIT_SECONDS: Final = 600.0
 
 FILE_SECONDS: Final = {
     "tests/test_real_models.py": 700,
@@ -51,3 +66,48 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return (-FILE_SECONDS.get(name, 0), -counts[name], first[name], index)
 
     items[:] = [item for _, item in sorted(enumerate(items), key=key)]
+
+
+_HANGS: Final = Path(__file__).resolve().parent / ".pytest_cache" / "etkit-hangs"
+_hang_log: list[TextIO] = []  # this process's, opened at its first test
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or a run without workers)
+        shutil.rmtree(_HANGS, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    limit = float(os.environ.get("ETKIT_TEST_LIMIT", TEST_LIMIT_SECONDS))
+    if limit <= 0:
+        yield
+        return
+    if not _hang_log:
+        _HANGS.mkdir(parents=True, exist_ok=True)
+        _hang_log.append((_HANGS / f"{os.getpid()}.txt").open("w"))
+    # the test's name first (a Python thread: it needs the GIL), then every thread's stack and
+    # the exit (faulthandler's own thread: it does not); pytest-xdist drops a worker's stderr,
+    # so both go to a file the controller prints (pytest_terminal_summary)
+    name = threading.Timer(max(limit - 5, limit / 2), _hung, args=(item.nodeid, limit))
+    name.daemon = True
+    name.start()
+    faulthandler.dump_traceback_later(limit, exit=True, file=_hang_log[0])
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        name.cancel()
+
+
+def _hung(nodeid: str, limit: float) -> None:
+    print(f"[watchdog] {nodeid} still running near {limit:.0f} s: a hang", file=_hang_log[0])
+    _hang_log[0].flush()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for log in sorted(_HANGS.glob("*.txt")) if _HANGS.is_dir() else []:
+        text = log.read_text(errors="replace").strip()
+        if text:
+            terminalreporter.section(f"hung test (process {log.stem})")
+            terminalreporter.write_line(text)

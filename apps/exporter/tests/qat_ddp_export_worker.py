@@ -5,6 +5,7 @@ trains it under DistributedDataParallel on this rank's own batches, and saves wh
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -25,8 +26,12 @@ def _frames(seed: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def train(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+    dist.init_process_group(  # a rank that never comes fails the test in 2 minutes, not 30
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=120),
     )
     try:
         torch.manual_seed(1234 + rank)  # different initial weights: DDP broadcasts rank 0's

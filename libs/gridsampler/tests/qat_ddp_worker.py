@@ -4,6 +4,7 @@ the exact sampler under DistributedDataParallel and saves what each rank saw."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -51,8 +52,12 @@ def frames(generator: torch.Generator, batch: int) -> tuple[torch.Tensor, torch.
 
 def train(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+    dist.init_process_group(  # a rank that never comes fails the test in 2 minutes, not 30
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=120),
     )
     try:
         torch.manual_seed(1234 + rank)  # different initial weights: DDP broadcasts rank 0's

@@ -133,3 +133,38 @@ def test_quantized_gathers_read_the_pixels_the_float_model_reads(
         if target_name(node) == "aten::index.Tensor":
             (index,) = node.args[1]  # type: ignore[misc]
             assert not is_dequantize(index)  # integer positions, computed in float
+
+
+class PredictedLerpWarp(LerpWarp):
+    """``LerpWarp`` on a flow a convolution predicts: the conv's output enters the positions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flow = torch.nn.Conv2d(2, 2, 1)
+        with torch.no_grad():  # the identity: the predicted flow is the given one
+            self.flow.weight.copy_(torch.eye(2)[:, :, None, None])
+            self.flow.bias.zero_()
+
+    def forward(self, image: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
+        return super().forward(image, self.flow(flow))
+
+
+def test_rounding_a_predicted_flow_is_measured_at_the_positions_gathers_round() -> None:
+    """``coordinate_position_error`` measures, in pixels, how far int8 moves the positions a
+    warp written as gathers rounds (the input of its ``floor``): half an int8 step of the
+    flow's range at most, and int16 a hundredth of that."""
+    from etkit_quant.calibration import coordinate_position_error
+    from etkit_quant.gather_positions import rounded_positions
+
+    graph = _graph(PredictedLerpWarp())
+    rounded = rounded_positions(graph)
+    assert rounded and all(n.meta["val"].dtype == torch.float32 for n in rounded)
+    example = _inputs()
+    int8 = coordinate_position_error(graph, [example])
+    int16 = coordinate_position_error(graph, [example], bits=16)
+    flow = example[1]  # the conv's output: both channels
+    step = (float(flow.max()) - min(float(flow.min()), 0.0)) / 254
+    assert step / 20 < int8 <= step / 2 * 1.01 + 1e-6
+    assert 0 < int16 < int8 / 100
+    # a flow given as input is quantized as a grid, at the boundary: nothing enters
+    assert coordinate_position_error(_graph(LerpWarp()), [example]) == 0.0

@@ -77,6 +77,39 @@ def _constant(node: Node, constants: dict[Node, bool]) -> bool:
     return constants[node]
 
 
+_ROUNDING_OPS: Final = {"aten::floor", "aten::round", "aten::ceil", "aten::trunc"}
+
+
+def _is_float(node: object) -> bool:
+    value = node.meta.get("val") if isinstance(node, Node) else None
+    return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
+
+
+def rounded_positions(model: GraphModule, region: set[Node] | None = None) -> list[Node]:
+    """The float tensors the index gathers' positions ``region`` (``gather_position_nodes``
+    when ``None``) round to whole pixels: the operands of its ``floor``, ``round``, ``ceil``
+    and ``trunc`` ops, and of its casts from float to an integer type (``.long()``) of values
+    not rounded already; in pixels of the gathered image, as a warp written as gathers
+    computes them. In graph order."""
+    region = gather_position_nodes(model) if region is None else region
+    found: dict[Node, None] = {}
+    whole: set[Node] = set()  # computed from rounded positions: a shift there is whole pixels
+    for node in model.graph.nodes:
+        if node not in region:
+            continue
+        if any(source in whole for source in node.all_input_nodes):
+            whole.add(node)
+        first = node.args[0] if node.args else None
+        if not isinstance(first, Node) or not _is_float(first) or first in whole:
+            continue
+        value = node.meta.get("val")
+        casts = isinstance(value, torch.Tensor) and not value.dtype.is_floating_point
+        if casts or target_name(node).removesuffix(".default") in _ROUNDING_OPS:
+            found[first] = None
+            whole.add(node)
+    return list(found)
+
+
 def gather_position_nodes(model: GraphModule) -> set[Node]:
     """The positions and weights of the index gathers in ``model`` (see the module's
     docstring). Empty for a graph without gathers."""
