@@ -131,6 +131,23 @@ def test_every_grid_sampler_delegated(exported: Exported) -> None:
     assert not left, left
 
 
+def test_the_report_says_what_became_of_the_index_gathers(exported: Exported) -> None:
+    """A warp written as index gathers stays gathers, moving the quantized pixels (int8), and
+    report.json and report.md say so and where; a network without gathers has none."""
+    result = exported.require()
+    section = result.report["float_ops"].get("index_gathers")
+    markdown = (result.artifacts_root / "report.md").read_text()
+    if not gym.GYM_MODELS[exported.name].gathers:
+        assert section is None and "Index gathers" not in markdown
+        return
+    assert section is not None and section["gathers"], section
+    assert {g["values"] for g in section["gathers"]} == {"int8"}, section
+    # inside a VGF the gathers move integers; outside XNNPACK's delegates, dequantized floats
+    assert {g["in_float"] for g in section["gathers"]} == {exported.target == "xnnpack"}
+    assert "not rewritten into grid_sample" in section["note"]
+    assert "Index gathers: " in markdown and "of int8 values in" in markdown
+
+
 def test_motion_inputs_not_clipped(exported: Exported) -> None:
     """The gym's motion vectors (pixels, beyond [-1, 1]) held by the calibrated defaults: each
     motion input's integer range covers its values, and no saturation record names it."""

@@ -31,6 +31,7 @@ from torch.fx import Node
 
 from etkit_exporter.vgf.tosa import tosa_float_ops
 from etkit_quant.boundary import COORDINATE_ARITHMETIC, USER_CHOICE, float_reason
+from etkit_quant.gather_positions import is_index_gather
 from etkit_quant.graph import compute_kind, target_name
 
 UNSUPPORTED: Final = "unsupported by the backend"
@@ -218,6 +219,51 @@ def float_ops(
     return found
 
 
+INDEX_GATHER_NOTE: Final = (
+    "a warp written as index gathers stays gathers with integer indices; its positions and "
+    "weights are coordinate arithmetic (float); it is not rewritten into grid_sample"
+)
+
+
+def index_gathers(program: ExportedProgram) -> list[dict[str, Any]]:
+    """Every index gather (``aten.index.Tensor``, ``gather``, ``index_select``: a warp written
+    as gathers, the Model Gym's nearest and Catmull-Rom ``DenseWarp``) ``program`` runs:
+    ``op``, ``node``, ``where`` (as ``float_ops``), ``values`` (the dtype of the values it
+    gathers, through a dequantize: ``int8`` when it moves quantized pixels), ``in_float``
+    (whether it computes in float: outside the delegates ExecuTorch's portable kernel moves the
+    dequantized values; inside one, between a dequantize and a quantize, the backend moves the
+    integers) and ``source``."""
+    found: list[dict[str, Any]] = []
+
+    def scan(graph_program: ExportedProgram, where: str) -> None:
+        constants = _constants(graph_program)
+        for node in graph_program.graph.nodes:
+            if not is_index_gather(node) or not isinstance(node.args[0], Node):
+                continue
+            read = node.args[0]
+            if _is_dequantize(read) and isinstance(read.args[0], Node):
+                read = read.args[0]
+            value = read.meta.get("val")
+            found.append(
+                {
+                    "op": _name(node),
+                    "node": node.name,
+                    "where": where,
+                    "values": str(getattr(value, "dtype", "?")).removeprefix("torch."),
+                    "in_float": where == "portable" or _computes_in_float(node, constants),
+                    "source": source_line(node),
+                }
+            )
+
+    graph_module = program.graph_module
+    for node in graph_module.graph.nodes:
+        if node.op == "get_attr" and str(node.target).startswith("lowered_module"):
+            delegate = getattr(graph_module, str(node.target))
+            scan(delegate.original_module, f"{delegate.backend_id} ({node.target})")
+    scan(program, "portable")
+    return found
+
+
 def summary(ops: list[FloatOp]) -> str:
     """The one-line console summary: ``"3 ops run in float: add x1, mul x2 (coordinate
     arithmetic)"``, or ``"no op runs in float"``."""
@@ -252,8 +298,9 @@ def report_section(
     intermediates: Path | None = None,
 ) -> dict[str, Any]:
     """report.json's ``float_ops``: ``ops`` (one record per float op), ``summary``,
-    ``warnings``, and for VGF ``tosa`` (per TOSA intermediate, the float-reading operators by
-    kind)."""
+    ``warnings``, ``index_gathers`` (where the program has any: ``index_gathers`` and what
+    became of them, ``note``), and for VGF ``tosa`` (per TOSA intermediate, the float-reading
+    operators by kind)."""
     ops = float_ops(program, quantized=quantized, grid_math=grid_math)
     section: dict[str, Any] = {
         "grid_math": grid_math,
@@ -261,6 +308,9 @@ def report_section(
         "summary": summary(ops),
         "warnings": heavy_warnings(ops),
     }
+    gathers = index_gathers(program)
+    if gathers:
+        section["index_gathers"] = {"gathers": gathers, "note": INDEX_GATHER_NOTE}
     if intermediates is not None:
         tosa = {
             path.name: dict(sorted(tosa_float_ops(path).items()))
@@ -290,6 +340,15 @@ def markdown(section: dict[str, Any] | None) -> list[str]:
             f"Tensors entering the coordinate arithmetic ({', '.join(entering['inputs'])}): "
             f"{entering['qspec']} ({entering['why']}).",
         ]
+    gathers = section.get("index_gathers")
+    if gathers:
+        places = Counter(
+            f"{g['op']} of {g['values']} values in {g['where']}"
+            + (" (dequantized: in float)" if g["in_float"] else "")
+            for g in gathers["gathers"]
+        )
+        text = "; ".join(f"{place} x{n}" for place, n in places.items())
+        lines += ["", f"Index gathers: {text}: {gathers['note']}."]
     for warning in section.get("warnings", []):
         lines += ["", f"**Warning**: {warning}."]
     for name, counts in section.get("tosa", {}).items():
