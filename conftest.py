@@ -11,8 +11,9 @@ A watchdog (``pytest_runtest_protocol``): a test whose setup, call and teardown 
 past ``TEST_LIMIT_SECONDS`` (``ETKIT_TEST_LIMIT`` overrides it; 0 turns it off) is a hang, not a
 slow test: the test's name and every thread's Python stack are written down (the run's summary
 prints them) and the process exits, so that a run reports the hang as a failure (pytest-xdist
-replaces the worker and goes on) instead of running into CI's limit with nothing printed. The slowest test (a module's exports in its
-first test's setup) takes about 70 s on this project's 2-core machines."""
+replaces the worker and goes on) instead of running into CI's limit with nothing printed. The
+slowest test (a module's exports in its first test's setup) takes about 70 s on this project's
+2-core machines."""
 
 from __future__ import annotations
 
