@@ -122,6 +122,36 @@ def test_the_summary_lists_the_methods_and_each_verdict(enumerated: Any) -> None
     assert "verified: forward at 32x48 pass, forward_24x40 at 24x40 pass" in text, text
 
 
+def test_without_verify_every_method_still_has_its_etrecord(tmp_path: Path) -> None:
+    """An enumerated export made without ``--verify`` writes each other method's ETRecord in
+    ``methods/<method>/`` (its own program, of its size), listed in report.json's
+    ``sizes.records`` and named by the summary."""
+    from executorch.devtools.etrecord import parse_etrecord
+
+    from etkit_exporter.cli.export import _summary
+
+    model, inputs = DEMOS["flow-warp"]()
+    result = export_model(model, inputs, artifacts_root=tmp_path / "x", target="xnnpack",
+                          sizes=SIZES[:2])  # fmt: skip
+    assert result.verification is None
+    records = result.report["sizes"]["records"]
+    assert set(records) == {"forward_24x40"}, records
+    paths = records["forward_24x40"]
+    assert set(paths) == {
+        "methods/forward_24x40/etrecord.bin",
+        "methods/forward_24x40/etrecord.json",
+    }
+    record = parse_etrecord(str(result.artifacts_root / "methods/forward_24x40/etrecord.bin"))
+    program = record.edge_dialect_program
+    shapes = {
+        tuple(n.meta["val"].shape[-2:])
+        for n in program.graph.nodes
+        if n.op == "placeholder" and getattr(n.meta.get("val"), "ndim", 0) == 4
+    }
+    assert (24, 40) in shapes and (32, 48) not in shapes, shapes
+    assert "each other method's ETRecord: methods/forward_24x40" in _summary(result, 1.0)
+
+
 def test_enumerated_methods_share_quantization_and_weights(enumerated: Any) -> None:
     """One calibration serves every size: the IO parameters of every method are forward's, and
     XNNPACK's weights (named data, keyed by their hash) are stored once for all methods."""

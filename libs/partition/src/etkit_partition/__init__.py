@@ -4,6 +4,7 @@ partitioners."""
 from etkit_partition.dtypes import DetagQuantizeDtypes
 from etkit_partition.dynamic import DetagDynamicReshapes
 from etkit_partition.float_results import DetagQuantizeOfFloatResults
+from etkit_partition.moves import DetagMovedQuantizes, integer_moves
 from etkit_partition.pads import DetagQuantizedPads
 from etkit_partition.partitioner import PolicyPartitioner
 from etkit_partition.policies import (
@@ -25,6 +26,7 @@ __all__ = [
     "DetagDynamicReshapes",
     "DetagInputQuantize",
     "DetagMaximaOverChannels",
+    "DetagMovedQuantizes",
     "DetagOps",
     "DetagOutputDequantize",
     "DetagQuantizeDtypes",
@@ -34,6 +36,7 @@ __all__ = [
     "PolicyPartitioner",
     "__version__",
     "duplicate_dequantize",
+    "integer_moves",
     "merge_partitions",
     "repair_partitions",
     "user_input_nodes",

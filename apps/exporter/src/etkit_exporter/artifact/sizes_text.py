@@ -34,6 +34,9 @@ def size_lines(sizes: dict[str, Any] | None) -> list[str]:
     folders = sorted({r.rsplit("/", 1)[0] for e in verified for r in e.get("records", [])})
     if folders:
         lines.append("each other method's ETRecord and Model Explorer data: " + ", ".join(folders))
+    written = sorted({r.rsplit("/", 1)[0] for rs in sizes.get("records", {}).values() for r in rs})
+    if written:
+        lines.append("each other method's ETRecord: " + ", ".join(written))
     return lines
 
 

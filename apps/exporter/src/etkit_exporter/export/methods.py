@@ -177,14 +177,19 @@ def sizes_section(
 ) -> tuple[dict[str, Any] | None, list[BundleCase]]:
     """report.json's ``sizes`` (``None`` without sizes): the plan, the bytes the methods
     cost, and with a verification (``forward``'s) every other method or size judged too (stage
-    ``verify_sizes``; a failing one fails ``verification``'s verdict); and the verified runs
-    of those other methods or sizes as test cases for a bundle."""
+    ``verify_sizes``; a failing one fails ``verification``'s verdict; each method's records
+    kept in ``methods/<method>/``), without one each other method's ETRecord written there
+    (``records``: method -> paths); and the verified runs of those other methods or sizes as
+    test cases for a bundle."""
     if plan is None:
         return None, []
     section = plan.as_dict()
     if len(methods) > 1:
         section["bytes"] = program_bytes(methods, (work / "model.pte").read_bytes())
     cases: list[BundleCase] = []
+    if verification is None and len(methods) > 1:
+        with stage("etrecord_methods"):  # what verification would keep, less its pictures
+            section["records"] = write_method_records(work, methods[1:], intermediates)
     if verification is not None:
         with stage("verify_sizes"):
             entries, cases = verify_sizes(
@@ -317,6 +322,26 @@ METHODS_FOLDER = "methods"
 # What a method's own verification writes that covers it as forward's cover forward: its
 # ETRecord (ExecuTorch's Inspector, etkit inspect), Model Explorer node data and pictures.
 _RECORDS = ("etrecord.bin", "etrecord.json", "model_explorer_node_data*.json", "verify_*.png")
+
+
+def write_method_records(
+    work: Path, methods: Sequence[Method], intermediates: Path
+) -> dict[str, list[str]]:
+    """Each of ``methods``' ETRecord (``etrecord.bin``, ``etrecord.json``) of its own program
+    (the method alone, as ``_verify_method`` writes it) in ``work``'s ``methods/<method>/``, so
+    that ExecuTorch's Inspector and ``etkit inspect`` cover every method of an export made
+    without verification too; returns each method's paths relative to ``work``."""
+    kept: dict[str, list[str]] = {}
+    for method in methods:
+        with tempfile.TemporaryDirectory(prefix=f"etkit-{method.name}-") as scratch:
+            folder = Path(scratch)
+            write_etrecord(
+                folder, method.lowered.manager.to_executorch(), method.inputs,
+                float_program=method.quantized.exported,
+                forbidden_paths=[folder, work, intermediates],
+            )  # fmt: skip
+            kept[method.name] = _keep_records(folder, work / METHODS_FOLDER / method.name)
+    return kept
 
 
 def _keep_records(scratch: Path, destination: Path) -> list[str]:

@@ -82,12 +82,14 @@ from etkit_layout import channels_last, pad_rgb_to_rgba, pin_delegate_layouts
 from etkit_partition import (
     DetagDynamicReshapes,
     DetagInputQuantize,
+    DetagMovedQuantizes,
     DetagOps,
     DetagOutputDequantize,
     DetagQuantizedPads,
     DetagQuantizeDtypes,
     DetagQuantizeOfFloatResults,
     PolicyPartitioner,
+    integer_moves,
 )
 from etkit_quant import (
     BoundaryQuantizer,
@@ -599,6 +601,8 @@ def _lower(
             *([DetagDynamicReshapes()] if quantized.dynamic else []),
             # a VGF cannot end in a quantize of a float result (etkit_partition.float_results)
             *([DetagQuantizeOfFloatResults()] if target == "vgf" else []),
+            # last: a pad or move left outside keeps its quantizes outside (integer_moves)
+            *([DetagMovedQuantizes()] if target == "xnnpack" else []),
         ],
         # one VGF: pieces the Arm partitioner leaves apart (samplers sharing only inputs)
         merge=target == "vgf",
@@ -616,6 +620,8 @@ def _lower(
             generate_etrecord=True,  # the record survives to_backend and to_executorch
         )
     edge_program = manager.exported_program()
+    if target == "xnnpack":  # pads and moves outside the delegates move integers (exact)
+        integer_moves(edge_program)
     grid_partitioner = GridSamplerPartitioner()
     with stages.stage("lower_grid_sampler"):
         manager = manager.to_backend(grid_partitioner)
