@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from etkit_partition import (
     DetagMovedQuantizes,
+    DetagOps,
     DetagQuantizedPads,
     PolicyPartitioner,
     integer_moves,
@@ -21,7 +22,9 @@ from etkit_quant.graph import is_dequantize, is_quantize, target_name
 
 class PadBetweenConvs(torch.nn.Module):
     """A pad of a conv's output with a constant that is not 0 (-0.3: its quantized value is
-    not the zero point), read by another conv."""
+    not the zero point), read by another conv. The convs are kept out of the delegates
+    (``DetagOps``), so the pad's quantize stays outside with it, as the RGBA pad of an image
+    read by etkit's grid sampler does."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -56,9 +59,7 @@ def _lowered(moves: bool) -> tuple[Any, list[str]]:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    policies: list[Any] = [DetagQuantizedPads()]
-    if moves:
-        policies.append(DetagMovedQuantizes())
+    policies = [DetagQuantizedPads(), DetagOps([torch.ops.aten.convolution.default])]
     partitioner = PolicyPartitioner(XnnpackPartitioner(), policies)
     manager = to_edge_transform_and_lower(_converted(), partitioner=[partitioner])
     rewritten = integer_moves(manager.exported_program()) if moves else []
@@ -120,3 +121,53 @@ def test_only_equal_parameters_are_rewritten() -> None:
     q.meta["val"] = torch.empty(1, 3, 2, dtype=torch.int8)
     assert integer_moves(Program(module)) == [moved.name]
     assert moved.args[0] is x and list(module.graph.nodes)[-1].args[0] is moved
+
+
+def _tagged_chain(second_tag: str) -> tuple[Any, Any]:
+    """x -> [P: relu] -> dq -> permute -> q -> [second_tag: dq -> relu] -> output, tagged."""
+    from torch.fx import Graph, GraphModule
+
+    from etkit_partition.policies import TAG_KEY
+
+    graph = Graph()
+    x = graph.placeholder("x")
+    first = graph.call_function(torch.ops.aten.relu.default, (x,))
+    first.meta[TAG_KEY] = "P"
+    dq = graph.call_function(
+        torch.ops.quantized_decomposed.dequantize_per_tensor.default,
+        (first, 0.1, 0, -128, 127, torch.int8),
+    )
+    moved = graph.call_function(torch.ops.aten.permute_copy.default, (dq, [0, 2, 1]))
+    q = graph.call_function(
+        torch.ops.quantized_decomposed.quantize_per_tensor.default,
+        (moved, 0.1, 0, -128, 127, torch.int8),
+    )
+    dq2 = graph.call_function(
+        torch.ops.quantized_decomposed.dequantize_per_tensor.default,
+        (q, 0.1, 0, -128, 127, torch.int8),
+    )
+    last = graph.call_function(torch.ops.aten.relu.default, (dq2,))
+    for node in (q, dq2, last):
+        node.meta[TAG_KEY] = second_tag
+    graph.output(last)
+    module = GraphModule(torch.nn.Module(), graph)
+
+    class Program:
+        def __init__(self, gm: GraphModule) -> None:
+            self.graph_module, self.graph = gm, gm.graph
+
+    return Program(module), q
+
+
+def test_a_moves_quantize_leaves_its_partition_unless_that_makes_a_cycle() -> None:
+    """``DetagMovedQuantizes`` takes the quantize of an untagged ``dq -> permute`` out of the
+    next partition; where that partition also made the permute's input (``P`` feeding itself
+    through the outside nodes) the quantize stays."""
+    from etkit_partition.policies import TAG_KEY
+
+    program, q = _tagged_chain("Q")
+    policy = DetagMovedQuantizes()
+    assert policy.apply(program) == [q] and TAG_KEY not in q.meta
+    assert integer_moves(program) == ["permute_copy_default"]  # type: ignore[arg-type]
+    program, q = _tagged_chain("P")
+    assert DetagMovedQuantizes().apply(program) == [] and q.meta[TAG_KEY] == "P"

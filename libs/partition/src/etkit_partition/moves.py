@@ -32,8 +32,9 @@ from typing import Final
 
 from torch.export import ExportedProgram
 from torch.fx import Node
+from torch.fx.passes.utils.fuser_utils import validate_partition
 
-from etkit_partition.policies import TAG_KEY
+from etkit_partition.policies import TAG_KEY, _split
 from etkit_quant.graph import is_dequantize, is_quantize, is_shape_op, target_name
 from etkit_quant.requantize import per_tensor_parameters
 
@@ -76,9 +77,15 @@ def _move_of_dequantized(node: Node) -> Node | None:
 
 @dataclass
 class DetagMovedQuantizes:
-    """Each quantize of a ``dq -> move -> q`` whose dequantize and move stay outside the
-    delegates (both untagged) stays outside too, so that ``integer_moves`` can remove the pair
-    after lowering. ``detagged`` names them."""
+    """Each quantize of a ``dq -> move -> q`` whose dequantize and move (a shape op) stay
+    outside the delegates (both untagged) stays outside too, so that ``integer_moves`` can
+    remove the pair after lowering; not where its partition, or that of a consumer, would then
+    need repairing (split, or reach itself through outside nodes). ``detagged`` names them.
+    Pads are left alone: on kornia's combined warps, taking the quantizes of two pads out of a
+    partition passed these checks and still left ``repair_partitions`` with pieces that feed
+    each other (a dependency cycle ExecuTorch's lowering refuses); the RGBA pad of an image,
+    which is what matters, has its quantize outside already. The etkit exporter applies it to
+    size-range programs (XNNPACK's static slice takes no dynamic sizes)."""
 
     detagged: list[str] = field(default_factory=list)
 
@@ -88,13 +95,29 @@ class DetagMovedQuantizes:
             if TAG_KEY in node.meta:
                 continue
             source = _move_of_dequantized(node)
-            if source is None or TAG_KEY in source.meta:
-                continue
+            if source is None or TAG_KEY in source.meta or not is_shape_op(node):
+                continue  # (a pad's quantizes stay where they are: see the class docstring)
             for quantize in node.users:
-                if quantize.meta.pop(TAG_KEY, None) is not None:
-                    found.append(quantize)
-                    self.detagged.append(quantize.name)
+                tag = quantize.meta.get(TAG_KEY)
+                if tag is None:
+                    continue
+                del quantize.meta[TAG_KEY]
+                touched = {tag, *(u.meta.get(TAG_KEY) for u in quantize.users)} - {None}
+                if not all(_whole(program, t) for t in touched):
+                    quantize.meta[TAG_KEY] = tag  # a partition would need repairing: left as is
+                    continue
+                found.append(quantize)
+                self.detagged.append(quantize.name)
         return found
+
+
+def _whole(program: ExportedProgram, tag: object) -> bool:
+    """Whether the nodes tagged ``tag`` are still one piece the backend can fuse: connected and
+    not reaching themselves through outside nodes (``policies._split`` leaves them as they are;
+    a partition it would split, ``repair_partitions`` could leave in pieces that feed each
+    other), and ``torch.fx``'s ``validate_partition`` (ExecuTorch's check) passes."""
+    members = {n for n in program.graph.nodes if n.meta.get(TAG_KEY) == tag}
+    return not members or (len(_split(members)) == 1 and bool(validate_partition(list(members))))
 
 
 def integer_moves(program: ExportedProgram) -> list[str]:

@@ -601,8 +601,8 @@ def _lower(
             *([DetagDynamicReshapes()] if quantized.dynamic else []),
             # a VGF cannot end in a quantize of a float result (etkit_partition.float_results)
             *([DetagQuantizeOfFloatResults()] if target == "vgf" else []),
-            # last: a pad or move left outside keeps its quantizes outside (integer_moves)
-            *([DetagMovedQuantizes()] if target == "xnnpack" else []),
+            # last: a move left outside keeps its quantizes outside (integer_moves), in a range
+            *([DetagMovedQuantizes()] if target == "xnnpack" and quantized.dynamic else []),
         ],
         # one VGF: pieces the Arm partitioner leaves apart (samplers sharing only inputs)
         merge=target == "vgf",
