@@ -94,69 +94,61 @@ def test_a_pad_outside_the_delegates_pads_the_integers_and_computes_the_same() -
     assert torch.equal(_run(manager), _run(before))
 
 
-def test_only_equal_parameters_are_rewritten() -> None:
-    """A move whose quantize has other parameters than its dequantize is left as it is."""
-    from torch.fx import Graph, GraphModule
+class _Program:
+    """What ``integer_moves`` and the policy read of an ``ExportedProgram``."""
 
-    graph = Graph()
-    x = graph.placeholder("x")
-    dq = graph.call_function(
-        torch.ops.quantized_decomposed.dequantize_per_tensor.default,
-        (x, 0.1, 0, -128, 127, torch.int8),
-    )
-    moved = graph.call_function(torch.ops.aten.permute_copy.default, (dq, [0, 2, 1]))
-    q = graph.call_function(
-        torch.ops.quantized_decomposed.quantize_per_tensor.default,
-        (moved, 0.2, 0, -128, 127, torch.int8),
-    )
-    graph.output(q)
-    module = GraphModule(torch.nn.Module(), graph)
-
-    class Program:
-        def __init__(self, gm: GraphModule) -> None:
-            self.graph_module, self.graph = gm, gm.graph
-
-    assert integer_moves(Program(module)) == []  # type: ignore[arg-type]
-    q.args = (moved, 0.1, 0, -128, 127, torch.int8)
-    q.meta["val"] = torch.empty(1, 3, 2, dtype=torch.int8)
-    assert integer_moves(Program(module)) == [moved.name]
-    assert moved.args[0] is x and list(module.graph.nodes)[-1].args[0] is moved
+    def __init__(self, module: Any) -> None:
+        self.graph_module, self.graph = module, module.graph
 
 
-def _tagged_chain(second_tag: str) -> tuple[Any, Any]:
-    """x -> [P: relu] -> dq -> permute -> q -> [second_tag: dq -> relu] -> output, tagged."""
+def _permuted(source_tag: str | None, scale: float) -> tuple[Any, dict[str, Any]]:
+    """x -> [source_tag: relu] -> dq (0.1) -> permute -> q (``scale``) -> dq -> relu -> output;
+    returns the program and its nodes by role (tag them as a test needs)."""
     from torch.fx import Graph, GraphModule
 
     from etkit_partition.policies import TAG_KEY
 
+    qd = torch.ops.quantized_decomposed
     graph = Graph()
     x = graph.placeholder("x")
     first = graph.call_function(torch.ops.aten.relu.default, (x,))
-    first.meta[TAG_KEY] = "P"
+    if source_tag is not None:
+        first.meta[TAG_KEY] = source_tag
     dq = graph.call_function(
-        torch.ops.quantized_decomposed.dequantize_per_tensor.default,
-        (first, 0.1, 0, -128, 127, torch.int8),
+        qd.dequantize_per_tensor.default, (first, 0.1, 0, -128, 127, torch.int8)
     )
     moved = graph.call_function(torch.ops.aten.permute_copy.default, (dq, [0, 2, 1]))
     q = graph.call_function(
-        torch.ops.quantized_decomposed.quantize_per_tensor.default,
-        (moved, 0.1, 0, -128, 127, torch.int8),
+        qd.quantize_per_tensor.default, (moved, scale, 0, -128, 127, torch.int8)
     )
+    q.meta["val"] = torch.empty(1, 3, 2, dtype=torch.int8)
     dq2 = graph.call_function(
-        torch.ops.quantized_decomposed.dequantize_per_tensor.default,
-        (q, 0.1, 0, -128, 127, torch.int8),
+        qd.dequantize_per_tensor.default, (q, scale, 0, -128, 127, torch.int8)
     )
     last = graph.call_function(torch.ops.aten.relu.default, (dq2,))
-    for node in (q, dq2, last):
-        node.meta[TAG_KEY] = second_tag
     graph.output(last)
-    module = GraphModule(torch.nn.Module(), graph)
+    nodes = {"first": first, "moved": moved, "q": q, "dq2": dq2, "last": last}
+    return _Program(GraphModule(torch.nn.Module(), graph)), nodes
 
-    class Program:
-        def __init__(self, gm: GraphModule) -> None:
-            self.graph_module, self.graph = gm, gm.graph
 
-    return Program(module), q
+def test_only_equal_parameters_are_rewritten() -> None:
+    """A move whose quantize has other parameters than its dequantize is left as it is."""
+    program, nodes = _permuted(None, 0.2)
+    assert integer_moves(program) == []
+    program, nodes = _permuted(None, 0.1)
+    assert integer_moves(program) == [nodes["moved"].name]
+    assert nodes["moved"].args[0] is nodes["first"] and nodes["dq2"].args[0] is nodes["moved"]
+
+
+def _tagged_chain(second_tag: str) -> tuple[Any, Any]:
+    """``_permuted`` with the first relu in partition P, and q -> dq -> relu in
+    ``second_tag``."""
+    from etkit_partition.policies import TAG_KEY
+
+    program, nodes = _permuted("P", 0.1)
+    for role in ("q", "dq2", "last"):
+        nodes[role].meta[TAG_KEY] = second_tag
+    return program, nodes["q"]
 
 
 def test_a_moves_quantize_leaves_its_partition_unless_that_makes_a_cycle() -> None:
@@ -168,6 +160,6 @@ def test_a_moves_quantize_leaves_its_partition_unless_that_makes_a_cycle() -> No
     program, q = _tagged_chain("Q")
     policy = DetagMovedQuantizes()
     assert policy.apply(program) == [q] and TAG_KEY not in q.meta
-    assert integer_moves(program) == ["permute_copy_default"]  # type: ignore[arg-type]
+    assert integer_moves(program) == ["permute_copy_default"]
     program, q = _tagged_chain("P")
     assert DetagMovedQuantizes().apply(program) == [] and q.meta[TAG_KEY] == "P"
