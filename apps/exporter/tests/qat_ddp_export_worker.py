@@ -5,6 +5,7 @@ trains it under DistributedDataParallel on this rank's own batches, and saves wh
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -68,5 +69,12 @@ def train(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
             },
             Path(out_dir) / f"rank{rank}.pt",
         )
-    finally:
+        dist.barrier()  # every rank has saved
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # Out without tearing the process group down: torch's ProcessGroupGloo destructor can
+    # deadlock at exit (its work thread takes the GIL to release a collective's tensor while the
+    # main thread, holding the GIL, joins that thread); a rank hung so, and mp.spawn with it
+    # (seen 2026-11-29 under the suite's watchdog; the likely CI stall of 2026-11-29).
+    os._exit(0)
