@@ -9,18 +9,21 @@ listed follow, those with more tests first; tests keep their order within a file
 
 A watchdog (``pytest_runtest_protocol``): a test whose setup, call and teardown together run
 past ``TEST_LIMIT_SECONDS`` (``ETKIT_TEST_LIMIT`` overrides it; 0 turns it off) is a hang, not a
-slow test: the test's name and every thread's Python stack are written down (the run's summary
-prints them) and the process exits, so that a run reports the hang as a failure (pytest-xdist
-replaces the worker and goes on) instead of running into CI's limit with nothing printed. The
-slowest test (a module's exports in its first test's setup) takes about 70 s on this project's
-2-core machines."""
+slow test: every thread's Python stack is written down (the run's summary prints it) and a
+``TimeoutError`` is raised in the test (``SIGALRM``), which fails it and lets the run go on;
+a hang that holds the interpreter (a deadlock in C code) is ended 2 minutes later by exiting
+the process (``faulthandler``; pytest-xdist reports the test as crashed). Either way the run
+ends instead of running into CI's limit with nothing printed. The slowest test (a module's
+exports in its first test's setup) takes about 70 s on this project's 2-core machines; a
+DDP test whose gloo ranks deadlocked at exit was the hang it found."""
 
 from __future__ import annotations
 
 import faulthandler
 import os
-import shutil
+import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,43 +74,43 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 _HANGS: Final = Path(__file__).resolve().parent / ".pytest_cache" / "etkit-hangs"
 _hang_log: list[TextIO] = []  # this process's, opened at its first test
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    if not hasattr(session.config, "workerinput"):  # the controller (or a run without workers)
-        shutil.rmtree(_HANGS, ignore_errors=True)
+_STARTED: Final = time.time()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     limit = float(os.environ.get("ETKIT_TEST_LIMIT", TEST_LIMIT_SECONDS))
-    if limit <= 0:
+    if limit <= 0 or threading.current_thread() is not threading.main_thread():
         yield
         return
     if not _hang_log:
         _HANGS.mkdir(parents=True, exist_ok=True)
         _hang_log.append((_HANGS / f"{os.getpid()}.txt").open("w"))
-    # the test's name first (a Python thread: it needs the GIL), then every thread's stack and
-    # the exit (faulthandler's own thread: it does not); pytest-xdist drops a worker's stderr,
-    # so both go to a file the controller prints (pytest_terminal_summary)
-    name = threading.Timer(max(limit - 5, limit / 2), _hung, args=(item.nodeid, limit))
-    name.daemon = True
-    name.start()
-    faulthandler.dump_traceback_later(limit, exit=True, file=_hang_log[0])
+    log = _hang_log[0]
+
+    def hung(signum: int, frame: object) -> None:
+        print(f"[watchdog] {item.nodeid} ran past {limit:.0f} s: a hang", file=log)
+        faulthandler.dump_traceback(file=log, all_threads=True)
+        log.flush()
+        raise TimeoutError(f"[watchdog] the test ran past {limit:.0f} s (stacks in the summary)")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    # the last resort: a hang holding the interpreter never runs the handler
+    faulthandler.dump_traceback_later(limit + 120, exit=True, file=log)
     try:
         yield
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
         faulthandler.cancel_dump_traceback_later()
-        name.cancel()
-
-
-def _hung(nodeid: str, limit: float) -> None:
-    print(f"[watchdog] {nodeid} still running near {limit:.0f} s: a hang", file=_hang_log[0])
-    _hang_log[0].flush()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Prints what the watchdog wrote during this run (files of this run's processes)."""
     for log in sorted(_HANGS.glob("*.txt")) if _HANGS.is_dir() else []:
+        if log.stat().st_mtime < _STARTED:
+            continue
         text = log.read_text(errors="replace").strip()
         if text:
             terminalreporter.section(f"hung test (process {log.stem})")
