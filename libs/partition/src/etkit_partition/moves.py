@@ -1,6 +1,6 @@
 """Integer values moved as integers outside the delegates.
 
-``IntegerMoves``: an op that only moves values (``slice``, ``view``, ``permute``, ``squeeze``,
+``integer_moves``: an op that only moves values (``slice``, ``view``, ``permute``, ``squeeze``,
 ...: ``etkit_quant.graph.is_shape_op``) or pads them with a constant (``constant_pad_nd``) left
 outside every delegate between a dequantize and quantizes of the same parameters
 (``dq -> move -> q``) runs on the integers instead: the dequantize and the quantizes leave the
@@ -28,26 +28,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Final
 
 from torch.export import ExportedProgram
 from torch.fx import Node
 from torch.fx.passes.utils.fuser_utils import validate_partition
 
+from etkit_partition.pads import CONSTANT_PAD
 from etkit_partition.policies import TAG_KEY, _split
 from etkit_quant.graph import is_dequantize, is_quantize, is_shape_op, target_name
-from etkit_quant.requantize import per_tensor_parameters
-
-_CONSTANT_PAD: Final = frozenset({"aten::constant_pad_nd", "aten::constant_pad_nd.default"})
+from etkit_quant.requantize import per_tensor_parameters, same_parameters
 
 logger = logging.getLogger(__name__)
 
 
 def _same_parameters(a: Node, b: Node) -> bool:
     first, second = per_tensor_parameters(a), per_tensor_parameters(b)
-    if first is None or second is None:
-        return False
-    return first[1:] == second[1:] and float(first[0]) == float(second[0])
+    return first is not None and second is not None and same_parameters(first, second)
 
 
 def _quantized_constant(value: object, dequantize: Node) -> int | None:
@@ -62,7 +58,7 @@ def _quantized_constant(value: object, dequantize: Node) -> int | None:
 def _move_of_dequantized(node: Node) -> Node | None:
     """The dequantize ``node`` (a shape op or a constant pad) moves the values of, when every
     use of ``node`` is a quantize with the same per-tensor parameters; else ``None``."""
-    if node.op != "call_function" or not (target_name(node) in _CONSTANT_PAD or is_shape_op(node)):
+    if node.op != "call_function" or not (target_name(node) in CONSTANT_PAD or is_shape_op(node)):
         return None
     source = node.args[0] if node.args else None
     if not isinstance(source, Node) or not is_dequantize(source):
@@ -131,7 +127,7 @@ def integer_moves(program: ExportedProgram) -> list[str]:
         if source is None:
             continue
         users = list(node.users)
-        if target_name(node) in _CONSTANT_PAD:
+        if target_name(node) in CONSTANT_PAD:
             constant = node.args[2] if len(node.args) > 2 else node.kwargs.get("value", 0.0)
             quantized = _quantized_constant(constant, source)
             if quantized is None:

@@ -21,7 +21,7 @@ from etkit_quant.graph import is_dequantize, target_name, value_source
 
 logger = logging.getLogger(__name__)
 
-_CONSTANT_PAD: Final = frozenset({"aten::constant_pad_nd", "aten::constant_pad_nd.default"})
+CONSTANT_PAD: Final = frozenset({"aten::constant_pad_nd", "aten::constant_pad_nd.default"})
 
 
 def dequantized_through_shape_ops(value: object) -> list[Node]:
@@ -42,7 +42,7 @@ class DetagQuantizedPads:
     def apply(self, program: ExportedProgram) -> list[Node]:
         detagged: list[Node] = []
         for node in program.graph.nodes:
-            if target_name(node) not in _CONSTANT_PAD or TAG_KEY not in node.meta:
+            if target_name(node) not in CONSTANT_PAD or TAG_KEY not in node.meta:
                 continue
             chain = dequantized_through_shape_ops(node.args[0])
             if not chain:

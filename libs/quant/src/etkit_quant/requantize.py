@@ -117,7 +117,8 @@ def per_tensor_parameters(node: Node) -> tuple[Any, ...] | None:
     return params
 
 
-def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+def same_parameters(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two ``per_tensor_parameters`` tuples are the same (scales compared as floats)."""
     return a[1:] == b[1:] and float(a[0]) == float(b[0])
 
 
@@ -196,7 +197,7 @@ def requantize_shared_inputs(model: GraphModule, *, interpolations: bool = False
             continue
         outputs = [per_tensor_parameters(u) for u in users]
         out = outputs[0]
-        if out is None or not all(o is not None and _same(o, out) for o in outputs):
+        if out is None or not all(o is not None and same_parameters(o, out) for o in outputs):
             continue
         wanted = _negated(out) if name == "aten::neg" else out
         if wanted is None:
@@ -204,7 +205,7 @@ def requantize_shared_inputs(model: GraphModule, *, interpolations: bool = False
         changed = False
         for source in _tensor_inputs(node):
             params = per_tensor_parameters(source) if is_dequantize(source) else None
-            if params is None or _same(params, wanted):
+            if params is None or same_parameters(params, wanted):
                 continue
             quantize, dequantize = users[0].target, source.target
             assert callable(quantize) and callable(dequantize)  # call_function nodes

@@ -209,14 +209,21 @@ def float_ops(
     given), then outside them. ``quantized``: whether the export quantized at all (if not,
     every op is float by the user's choice)."""
     found: list[FloatOp] = []
+    for graph_program, where in _graphs(program):
+        found += _scan(graph_program, where, quantized, grid_math)
+    return found
+
+
+def _graphs(program: ExportedProgram) -> list[tuple[ExportedProgram, str]]:
+    """Each delegate's graph as its backend received it, with where it runs (``"XnnpackBackend
+    (lowered_module_0)"``), then ``program`` itself (``"portable"``: the ops outside)."""
     graph_module = program.graph_module
+    found = []
     for node in graph_module.graph.nodes:
         if node.op == "get_attr" and str(node.target).startswith("lowered_module"):
             delegate = getattr(graph_module, str(node.target))
-            where = f"{delegate.backend_id} ({node.target})"
-            found += _scan(delegate.original_module, where, quantized, grid_math)
-    found += _scan(program, "portable", quantized, grid_math)
-    return found
+            found.append((delegate.original_module, f"{delegate.backend_id} ({node.target})"))
+    return [*found, (program, "portable")]
 
 
 INDEX_GATHER_NOTE: Final = (
@@ -234,8 +241,7 @@ def index_gathers(program: ExportedProgram) -> list[dict[str, Any]]:
     dequantized values; inside one, between a dequantize and a quantize, the backend moves the
     integers) and ``source``."""
     found: list[dict[str, Any]] = []
-
-    def scan(graph_program: ExportedProgram, where: str) -> None:
+    for graph_program, where in _graphs(program):
         constants = _constants(graph_program)
         for node in graph_program.graph.nodes:
             if not is_index_gather(node) or not isinstance(node.args[0], Node):
@@ -254,13 +260,6 @@ def index_gathers(program: ExportedProgram) -> list[dict[str, Any]]:
                     "source": source_line(node),
                 }
             )
-
-    graph_module = program.graph_module
-    for node in graph_module.graph.nodes:
-        if node.op == "get_attr" and str(node.target).startswith("lowered_module"):
-            delegate = getattr(graph_module, str(node.target))
-            scan(delegate.original_module, f"{delegate.backend_id} ({node.target})")
-    scan(program, "portable")
     return found
 
 
