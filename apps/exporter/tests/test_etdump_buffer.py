@@ -183,3 +183,21 @@ def test_a_program_that_fails_is_its_own_error(export: Path, tmp_path: Path) -> 
     with pytest.raises(RuntimeError) as raised:
         run_with_etdump(export / "model.pte", wrong, tmp_path / "run.etdp")
     assert "\n" not in str(raised.value) and str(raised.value)
+
+
+def test_a_run_timed_without_a_debug_buffer_logs_no_output(export: Path, tmp_path: Path) -> None:
+    """An ETDump for timings alone (no debug buffer, as a profiling user or ``bench/`` runs
+    one): etkit's grid sampler logged its output into the missing buffer and ETDumpGen
+    aborted the process (``write_tensor_or_return_error() failed``). Now its calls are timed
+    and nothing is logged."""
+    from executorch.devtools.etdump.serialize import deserialize_from_etdump_flatcc
+
+    pte, etdump = export / "model.pte", tmp_path / "timed.etdp"
+    outputs, _ = run_with_etdump(pte, _inputs(export), etdump, None)  # a child: an abort raises
+    expected = list(runtime_method(pte).execute(_inputs(export)))
+    assert all(torch.equal(a, b) for a, b in zip(outputs, expected, strict=True))
+    events = [e for run in deserialize_from_etdump_flatcc(etdump.read_bytes()).run_data
+              for e in run.events or []]  # fmt: skip
+    timed = [e.profile_event for e in events if e.profile_event is not None]
+    assert sum(1 for p in timed if p.delegate_debug_id_str == "grid_sampler_2d") == SAMPLERS
+    assert all(e.debug_event is None for e in events)

@@ -94,7 +94,7 @@ def test_report_contents(flow_warp_xnnpack: Any) -> None:
     assert sampler["grid"]["scale"] == pytest.approx(2 / 32767)
     (grid,) = [s for s in report["saturation"] if s["name"].endswith(" grid")]
     assert grid["outside"] == 0 and grid["observed"][1] > 1
-    assert sampler["image_shape"][1] == 4  # RGB padded to RGBA
+    assert sampler["image_shape"][1] == 3  # RGB as it is: RGBA textures are for a GPU (VGF)
     assert all(o["reason"] for o in report["outside_delegates"])
     timings = json.loads((flow_warp_xnnpack.artifacts_root / "timings.json").read_text())
     assert "timings_s" not in report  # apart: measured times differ from run to run
@@ -211,6 +211,8 @@ def test_api_bad_input(tmp_path: Path) -> None:
         export_model(model, list(inputs), artifacts_root=out)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="target must be one of vgf, xnnpack"):
         export_model(model, inputs, artifacts_root=out, target="metal")
+    with pytest.raises(ValueError, match="etrecord must be one of slim, full, not 'fat'"):
+        export_model(model, inputs, artifacts_root=out, etrecord="fat")
     with pytest.raises(ValueError, match="input_qspecs has 1 entries but the model has 2"):
         export_model(model, inputs, artifacts_root=out, quantized_input_qspecs=(snorm8(),))
     with pytest.raises(ValueError, match="output_qspecs has 1 entries but the model has 2"):

@@ -36,7 +36,10 @@ def _export(root: Path, demo: str, target: str, **options: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def flow_xnnpack(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    return _export(tmp_path_factory.mktemp("inspect-xnnpack"), "flow-warp", "xnnpack")
+    """With the full ETRecord (the ATen program and the float model): etkit inspect's "vs float"."""
+    return _export(
+        tmp_path_factory.mktemp("inspect-xnnpack"), "flow-warp", "xnnpack", etrecord="full"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +87,7 @@ def test_every_export_writes_an_etrecord_the_inspector_reads(
     manifest = json.loads((folder / "etkit-manifest.json").read_text())
     assert {"etrecord.bin", "etrecord.json"} <= set(manifest["files"])
     data = (folder / "etrecord.bin").read_bytes()
-    assert len(data) > 100_000
+    assert len(data) > 10_000
     assert [root for root in BUILD_ROOTS if root in data] == []
     assert str(folder).encode() not in data and build_paths_in(data) == []
 
@@ -92,12 +95,23 @@ def test_every_export_writes_an_etrecord_the_inspector_reads(
     inputs = record._representative_inputs
     assert len(inputs) == len(result.example_inputs)
     assert all(torch.equal(a, b) for a, b in zip(inputs, result.example_inputs, strict=True))
-    assert record.edge_dialect_program is not None and record.exported_program is not None
-    assert "float_model/forward" in record.graph_map
+    assert record.edge_dialect_program is not None
+    # no state the graph does not read (the float weights PT2E folded into int8 constants)
+    signature = record.edge_dialect_program.graph_signature
+    read = {*signature.inputs_to_parameters.values(), *signature.inputs_to_buffers.values()}
+    assert set(record.edge_dialect_program.state_dict) <= read
+    # the ATen program and the float model only in a full record (flow_xnnpack's)
+    full = which == "flow_xnnpack"
+    assert (record.exported_program is not None) is full
+    assert ("float_model/forward" in (record.graph_map or {})) is full
     # nothing twice: the example inputs once (representative_inputs), the reference graph once
     with zipfile.ZipFile(folder / "etrecord.bin") as members:
         copies = [i.filename for i in members.infolist() if i.filename.endswith("_example_inputs")]
         assert copies and all(members.getinfo(n).file_size == 0 for n in copies), copies
+        # deflated: each program's graph (JSON) to under a fifth
+        graph = members.getinfo("edge_dialect_exported_program/forward")
+        assert graph.compress_type == zipfile.ZIP_DEFLATED
+        assert graph.compress_size < graph.file_size / 5
     reference = json.loads((folder / "etrecord.json").read_text())["reference_graph"]
     if "edge_after_transform/forward" in record.graph_map:  # then not the edge program's twin
         assert reference == "edge_after_transform/forward"
@@ -175,7 +189,7 @@ def test_run_etdump_writes_an_etdump_the_inspector_reads(
     assert event.perf_data is not None and event.perf_data.avg > 0
     # the event logs the delegate's int8 output, the program's own (identical to the call's)
     (logged,) = event.debug_data
-    assert logged.dtype == torch.int8 and list(logged.shape) == [1, 4, 32, 48]
+    assert logged.dtype == torch.int8 and list(logged.shape) == [1, 3, 32, 48]  # RGB on a CPU
     mapping = json.loads((flow_xnnpack.artifacts_root / "etrecord.json").read_text())
     delegates = [v for v in mapping["instructions"].values() if v["kind"] == "delegate"]
     assert sum(e.name == "DELEGATE_CALL" for e in events) == len(delegates)
@@ -231,6 +245,15 @@ def test_inspect_prints_the_table_and_writes_it_into_the_report(
     ), printed
     report = json.loads((folder / "report.json").read_text())
     inspection = report["inspect"]
+    # the share of the instructions' time spent in kernels outside every delegate
+    outside = inspection["outside_delegates"]
+    top = [r for r in inspection["rows"] if r["depth"] == 0]
+    kernels = [r for r in top if r["backend"] == "kernel"]
+    assert kernels and outside["ms"] == pytest.approx(sum(r["ms"] for r in top), abs=1e-2)
+    assert outside["outside_ms"] == pytest.approx(sum(r["ms"] for r in kernels), abs=1e-2)
+    assert 0 < outside["share"] < 1
+    assert outside["slowest"][0][0] == max(kernels, key=lambda r: r["ms"])["event"]
+    assert "time outside delegates: " in printed
     (row,) = [r for r in inspection["rows"] if r["event"] == DEBUG_EVENT_NAME]
     assert row["backend"] == "GridSamplerBackend" and row["ms"] > 0
     assert row["node"] == "aten_grid_sampler_2d_default"
@@ -267,6 +290,9 @@ def test_inspect_of_a_vgf_export_uses_the_runner_and_the_verification(
     assert main(["inspect", str(folder), "--no-report"]) == 0
     printed = capsys.readouterr().out
     assert "executorch.runtime cannot run" in printed and "etkit's Python runner" in printed
+    # the default slim record has no float model: said, and no float figure made up
+    assert "no float model" in printed and "--etrecord full" in printed
+    assert "vs the float model" not in printed
     assert "inspect" not in json.loads((folder / "report.json").read_text())
     assert main(["inspect", str(folder), "--no-report", "--json"]) == 0
     inspection = json.loads(capsys.readouterr().out)

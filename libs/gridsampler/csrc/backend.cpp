@@ -61,7 +61,7 @@ struct Handle {
 constexpr const char* kDebugEventName = "grid_sampler_2d";
 
 // Times one grid-sampler call as a delegate event and logs its output, when the runtime was given an
-// event tracer; nothing otherwise.
+// event tracer (the output only when it logs intermediate outputs); nothing otherwise.
 class DelegateEvent {
  public:
   explicit DelegateEvent(EventTracer* tracer) : tracer_(tracer) {
@@ -77,8 +77,13 @@ class DelegateEvent {
 #ifdef ET_EVENT_TRACER_ENABLED
     if (tracer_ != nullptr) {
       tracer_->end_profiling_delegate(entry_);
-      (void)tracer_->log_intermediate_output_delegate(
-          kDebugEventName, executorch::runtime::kUnsetDelegateDebugIntId, output);
+      // Only into a debug buffer the runtime set up for intermediate outputs: a tracer for
+      // timings alone has none, and ETDumpGen aborts the process on a write without one.
+      if (tracer_->event_tracer_debug_level() ==
+          executorch::runtime::EventTracerDebugLogLevel::kIntermediateOutputs) {
+        (void)tracer_->log_intermediate_output_delegate(
+            kDebugEventName, executorch::runtime::kUnsetDelegateDebugIntId, output);
+      }
     }
 #else
     (void)output;

@@ -483,10 +483,10 @@ def inspection_markdown(inspection: dict[str, Any] | None) -> list[str]:
     )
     lines.append("")
     for o in inspection.get("outputs", []):
-        line = (
-            f"Output {o['output']}: {_db(o.get('vs_quantized_psnr_db'))} dB against the quantized "
-            f"model, {_db(o.get('vs_float_psnr_db'))} dB against the float model"
-        )
+        quantized = _db(o.get("vs_quantized_psnr_db"))
+        line = f"Output {o['output']}: {quantized} dB against the quantized model"
+        if "vs_float_psnr_db" in o:  # not without the float model in the ETRecord
+            line += f", {_db(o['vs_float_psnr_db'])} dB against the float model"
         if "verification_vs_quantized_psnr_db" in o:
             line += (
                 f" (the verification: {_db(o.get('verification_vs_quantized_psnr_db'))} and "
@@ -497,15 +497,18 @@ def inspection_markdown(inspection: dict[str, Any] | None) -> list[str]:
 
 
 TIMINGS_NAME = "timings.json"
+# What differs from run to run, written to timings.json: the stage timings and the profile of
+# the calls inside them (``etkit_exporter.export.pass_profile``)
+MEASURED_KEYS = ("timings_s", "profile_s")
 
 
 def write_report(report: dict[str, Any], folder: Path) -> None:
-    """``report.json`` and ``report.md`` in ``folder``, and the stage timings (``timings_s``,
-    which differ from run to run) apart in ``timings.json``, so that two exports of one model
-    write the same report files (and manifest)."""
-    timings = report.get("timings_s")
-    written = {k: v for k, v in report.items() if k != "timings_s"}
+    """``report.json`` and ``report.md`` in ``folder``, and the stage timings (``timings_s``)
+    and their profile (``profile_s``), which differ from run to run, apart in ``timings.json``,
+    so that two exports of one model write the same report files (and manifest)."""
+    measured = {k: report[k] for k in MEASURED_KEYS if k in report}
+    written = {k: v for k, v in report.items() if k not in MEASURED_KEYS}
     (folder / "report.json").write_text(json.dumps(written, indent=2, default=str) + "\n")
     (folder / "report.md").write_text(render_markdown(written))
-    if timings is not None:
-        (folder / TIMINGS_NAME).write_text(json.dumps({"timings_s": timings}, indent=2) + "\n")
+    if "timings_s" in measured:
+        (folder / TIMINGS_NAME).write_text(json.dumps(measured, indent=2) + "\n")

@@ -95,16 +95,52 @@ class Inspection:
     upstream_numeric_gap: list[dict[str, Any]] | None = None
     seconds: float = 0.0
 
+    @property
+    def outside_delegates(self) -> dict[str, Any] | None:
+        return outside_delegates(self.rows)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "target": self.target,
             "runner": self.runner,
             "events": self.events,
+            "outside_delegates": self.outside_delegates,
             "rows": [row.as_dict() for row in self.rows],
             "outputs": self.outputs,
             "upstream_numeric_gap": self.upstream_numeric_gap,
             "notes": self.notes,
         }
+
+
+def outside_delegates(rows: Sequence[Row], slowest: int = 3) -> dict[str, Any] | None:
+    """The time of the instructions that run outside every delegate (kernels) against that of
+    all instructions (each instruction's row, ``depth`` 0, timed): ``ms``, ``outside_ms``,
+    ``share`` and the ``slowest`` kernels (``[event, ms]``); ``None`` when nothing was timed."""
+    top = [r for r in rows if r.depth == 0 and r.ms is not None]
+    if not top:
+        return None
+    kernels = sorted((r for r in top if r.backend == "kernel"), key=lambda r: -(r.ms or 0.0))
+    total = sum(r.ms or 0.0 for r in top)
+    outside = sum(r.ms or 0.0 for r in kernels)
+    return {
+        "ms": round(total, 3),
+        "outside_ms": round(outside, 3),
+        "share": round(outside / total, 4) if total else 0.0,
+        "slowest": [[r.event, round(r.ms or 0.0, 3)] for r in kernels[:slowest]],
+    }
+
+
+def outside_delegates_line(figures: dict[str, Any] | None) -> str | None:
+    """One line for ``outside_delegates``' figures."""
+    if figures is None:
+        return None
+    line = (
+        f"time outside delegates: {figures['outside_ms']:.3f} of {figures['ms']:.3f} ms "
+        f"({100 * figures['share']:.1f} %)"
+    )
+    if figures["slowest"]:
+        line += "; slowest: " + ", ".join(f"{e} {ms:.3f} ms" for e, ms in figures["slowest"])
+    return line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,6 +375,10 @@ def _graph_outputs(record: Any) -> list[Any] | None:
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
 
+def _float_outputs_recorded(record: Any) -> bool:
+    return "float_model/forward" in (record.graph_map or {})
+
+
 def _float_outputs(record: Any) -> list[Any] | None:
     program = (record.graph_map or {}).get("float_model/forward")
     if program is None:
@@ -502,6 +542,12 @@ def _runner_rows(
     return rows, list(result.outputs), notes
 
 
+NO_FLOAT_MODEL = (
+    "the ETRecord holds no float model (the default slim record): no 'vs float' figures; "
+    "export with --etrecord full for them"
+)
+
+
 def inspect_export(folder: str | Path, *, grid_sampler_impl: GridSamplerImpl = "cpu") -> Inspection:
     """Inspects the export in ``folder`` (see the module's docstring). Raises ``InspectError``
     for a folder that is not a complete etkit export with an ETRecord."""
@@ -527,7 +573,9 @@ def inspect_export(folder: str | Path, *, grid_sampler_impl: GridSamplerImpl = "
         outputs=_output_rows(export, outputs, references),
         notes=size_lines(export.report.get("sizes"))
         + verdict_notes(export.report.get("verification"))
-        + notes,
+        + notes
+        + ([] if _float_outputs_recorded(export.record) else [NO_FLOAT_MODEL])
+        + [line for line in [outside_delegates_line(outside_delegates(rows))] if line],
         events=events,
         upstream_numeric_gap=upstream,
         seconds=time.perf_counter() - began,
@@ -582,10 +630,10 @@ def output_lines(inspection: Inspection | dict[str, Any]) -> list[str]:
 
     lines = []
     for row in data["outputs"]:
-        text = (
-            f"output {row['output']}: {db(row.get('vs_quantized_psnr_db'))} dB vs the quantized "
-            f"model, {db(row.get('vs_float_psnr_db'))} dB vs the float model"
-        )
+        quantized = db(row.get("vs_quantized_psnr_db"))
+        text = f"output {row['output']}: {quantized} dB vs the quantized model"
+        if "vs_float_psnr_db" in row:  # not without the float model in the record
+            text += f", {db(row['vs_float_psnr_db'])} dB vs the float model"
         if "verification_vs_quantized_psnr_db" in row or "verification_vs_float_psnr_db" in row:
             text += (
                 f" (verification: {db(row.get('verification_vs_quantized_psnr_db'))} and "

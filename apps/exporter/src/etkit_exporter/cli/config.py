@@ -42,6 +42,7 @@ OPTIONS: Final[dict[str, str]] = {
     "sizes": "str",
     "dynamic_size": "str",
     "qat_checkpoint": "str",
+    "etrecord": "str",
 }
 
 CONFIG_NAME: Final = "export.toml"

@@ -194,6 +194,17 @@ def _parser() -> argparse.ArgumentParser:
         help="xnnpack: one method for every height and width in the range (a multiple of M), "
         "e.g. 256-1088x256-1920/64",
     )  # fmt: skip
+    parser.add_argument(
+        "--etrecord", choices=("slim", "full"),
+        help="what etrecord.bin holds: slim (default) what ExecuTorch's Inspector and etkit "
+        "inspect need; full also the ATen program and the float model (etkit inspect then "
+        "compares every value with the float model's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile", action="store_true",
+        help="print where the time went: each stage's slowest passes, partitioners, backend "
+        "preprocess calls and tools, and etkit's own share (timings.json's profile_s)",
+    )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="debug logs of etkit and Arm")
     return parser
 
@@ -402,6 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             target=args.target,
             tosa_spec=args.tosa_spec,
             grid_math=args.grid_math or "float",
+            etrecord=args.etrecord or "slim",
             intermediate_artifacts_root=args.intermediates,
             verify=args.verify or tolerance is not None,
             verify_tolerance=tolerance,
@@ -440,6 +452,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         sys.stderr = stderr
     print(_summary(result, time.perf_counter() - start))
+    if args.profile and "profile_s" in result.report:
+        from etkit_exporter.export.pass_profile import profile_text
+
+        print("\n".join(profile_text(result.report["profile_s"])))
     return 0
 
 

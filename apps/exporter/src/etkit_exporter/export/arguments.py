@@ -15,6 +15,7 @@ from executorch.backends.arm.tosa import TosaSpecification
 from torch.export import ExportedProgram
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
+from etkit_exporter.artifact.etrecord import RECORD_CONTENTS
 from etkit_exporter.core.diagnostics import root_cause
 from etkit_quant import check_calibration
 from etkit_quant.boundary import GRID_MATHS
@@ -161,6 +162,13 @@ def check_tosa_spec(tosa_spec: object, target: str, quantized: bool) -> str:
             f"operators: add +INT (e.g. {VGF_TOSA_SPEC!r}) or export with quantization off"
         )
     return tosa_spec
+
+
+def check_etrecord(etrecord: object) -> bool:
+    """Whether the ETRecord is to be full (``etrecord``: one of ``RECORD_CONTENTS``)."""
+    if etrecord not in RECORD_CONTENTS:
+        raise ValueError(f"etrecord must be one of {', '.join(RECORD_CONTENTS)}, not {etrecord!r}")
+    return etrecord == "full"
 
 
 def check_extra_artifacts(extra: object) -> dict[str, bytes]:

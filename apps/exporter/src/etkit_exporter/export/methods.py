@@ -174,6 +174,7 @@ def sizes_section(
     tolerance: Any,
     float_export: bool,
     intermediates: Path,
+    full_record: bool = False,
 ) -> tuple[dict[str, Any] | None, list[BundleCase]]:
     """report.json's ``sizes`` (``None`` without sizes): the plan, the bytes the methods
     cost, and with a verification (``forward``'s) every other method or size judged too (stage
@@ -189,12 +190,15 @@ def sizes_section(
     cases: list[BundleCase] = []
     if verification is None and len(methods) > 1:
         with stage("etrecord_methods"):  # what verification would keep, less its pictures
-            section["records"] = write_method_records(work, methods[1:], intermediates)
+            section["records"] = write_method_records(
+                work, methods[1:], intermediates, full_record=full_record
+            )
     if verification is not None:
         with stage("verify_sizes"):
             entries, cases = verify_sizes(
                 work, model, methods, plan, target, verification, io_params,
                 tolerance=tolerance, float_export=float_export, intermediates=intermediates,
+                full_record=full_record,
             )  # fmt: skip
             section["verified"] = entries
     return section, cases
@@ -212,6 +216,7 @@ def verify_sizes(
     tolerance: Any,
     float_export: bool,
     intermediates: Path,
+    full_record: bool = False,
 ) -> tuple[list[dict[str, Any]], list[BundleCase]]:
     """Every method (enumerated) or the range's verification sizes judged as ``forward`` was
     (``verification``, the forward's, is that of the example size); returns the report's
@@ -239,7 +244,7 @@ def verify_sizes(
     else:
         for method in methods[1:]:
             entry, case = _verify_method(
-                pte, model, method, target, tolerance, float_export, intermediates
+                pte, model, method, target, tolerance, float_export, intermediates, full_record
             )
             entries.append(entry)
             cases.append(case)
@@ -290,6 +295,7 @@ def _verify_method(
     tolerance: Any,
     float_export: bool,
     intermediates: Path,
+    full_record: bool = False,
 ) -> tuple[dict[str, Any], BundleCase]:
     """``method`` verified on its own program in a scratch folder (``verify_export``: the
     verdict, and where a failing one diverges), then the written program's method held to that
@@ -301,7 +307,7 @@ def _verify_method(
         (folder / "model.pte").write_bytes(manager.buffer)
         write_etrecord(
             folder, manager, method.inputs, float_program=method.quantized.exported,
-            forbidden_paths=[folder, intermediates],
+            forbidden_paths=[folder, intermediates], full=full_record,
         )  # fmt: skip
         run = verify_export(
             folder, model, method.quantized.converted, method.inputs, method.io_params, target,
@@ -325,7 +331,7 @@ _RECORDS = ("etrecord.bin", "etrecord.json", "model_explorer_node_data*.json", "
 
 
 def write_method_records(
-    work: Path, methods: Sequence[Method], intermediates: Path
+    work: Path, methods: Sequence[Method], intermediates: Path, *, full_record: bool = False
 ) -> dict[str, list[str]]:
     """Each of ``methods``' ETRecord (``etrecord.bin``, ``etrecord.json``) of its own program
     (the method alone, as ``_verify_method`` writes it) in ``work``'s ``methods/<method>/``, so
@@ -338,7 +344,7 @@ def write_method_records(
             write_etrecord(
                 folder, method.lowered.manager.to_executorch(), method.inputs,
                 float_program=method.quantized.exported,
-                forbidden_paths=[folder, work, intermediates],
+                forbidden_paths=[folder, work, intermediates], full=full_record,
             )  # fmt: skip
             kept[method.name] = _keep_records(folder, work / METHODS_FOLDER / method.name)
     return kept

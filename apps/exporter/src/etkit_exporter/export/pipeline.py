@@ -55,6 +55,7 @@ from etkit_exporter.export.arguments import (
     SamplerQSpec,
     StageCallback,
     check_arguments,
+    check_etrecord,
     check_extra_artifacts,
     check_forward,
     check_grid_samplers,
@@ -64,11 +65,13 @@ from etkit_exporter.export.arguments import (
 from etkit_exporter.export.average_pools import vgf_average_pools
 from etkit_exporter.export.lowering import (
     collect_sampler_lowering,
+    drop_unread_state,
     sampler_paths,
     strip_build_paths,
     target_backend,
 )
 from etkit_exporter.export.maxima import channel_maxima_last
+from etkit_exporter.export.pass_profile import PassProfile, profiled
 from etkit_exporter.export.provenance import shared_provenance
 from etkit_exporter.export.qat import QatExport, is_qat_model, qat_export, quantization_given
 from etkit_exporter.export.quantization import boundary_quantizer
@@ -125,24 +128,29 @@ class ExportResult:
 
 
 class _Stages:
-    def __init__(self, callback: StageCallback | None, suffix: str = "", timings: Any = None):
+    def __init__(self, callback: StageCallback | None, suffix: str = "", timings: Any = None,
+                 profile: PassProfile | None = None):  # fmt: skip
         self.timings: dict[str, float] = {} if timings is None else timings
         self.callback, self.suffix = callback, suffix
+        self.profile = PassProfile() if profile is None else profile  # upstream's calls timed
 
     def at(self, label: str) -> _Stages:
         """The stages at another size: ``capture [540x960]``, timed with these."""
-        return _Stages(self.callback, f" [{label}]", self.timings)
+        return _Stages(self.callback, f" [{label}]", self.timings, self.profile)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         name += self.suffix
         start = time.perf_counter()
+        outer, self.profile.stage = self.profile.stage, name
         try:
             yield
         except Exception as error:
             hint = advice(error)
             what_to_do = f". What to do: {hint}" if hint else ""
             raise ExportError(f"stage '{name}' failed: {root_cause(error)}{what_to_do}") from error
+        finally:
+            self.profile.stage = outer
         seconds = time.perf_counter() - start
         self.timings[name] = round(seconds, 3)
         if self.callback is not None:
@@ -191,6 +199,7 @@ def export_model(
     grid_math: str = "float",
     sizes: Sequence[tuple[int, int]] | None = None,
     dynamic_size: Sequence[Any] | None = None,
+    etrecord: str = "slim",
     force: bool = False,
     on_stage: StageCallback | None = None,
     on_calibration_sample: Callable[[int, int], None] | None = None,
@@ -247,6 +256,9 @@ def export_model(
     ``torch.export`` dynamic dimensions on each image input's height and width. ``verify``
     judges every method (a range: its smallest, largest, an odd and the example size).
 
+    ``etrecord`` (``artifact.etrecord``): "slim" (default) what ExecuTorch's Inspector and
+    ``etkit inspect`` run; "full" adds the ATen program and the float model ("vs float").
+
     Everything is checked before any work (``TypeError``/``ValueError``/``FileExistsError``;
     ``artifact.staging.DestinationError``, a ``ValueError``, for an ``artifacts_root``
     etkit will not write or replace; calibration samples are checked one by one, the error naming
@@ -270,6 +282,7 @@ def export_model(
     if scenario and target != "vgf":
         raise ValueError(f"scenario applies to target 'vgf' only, not {target!r}")
     extras = check_extra_artifacts(extra_artifacts)
+    full_record = check_etrecord(etrecord)
 
     tolerance = check_tolerance(verify_tolerance)
     verify = verify or bundle or verify_tolerance is not None  # each implies a verification
@@ -293,7 +306,12 @@ def export_model(
         logger.warning("%s", note)
     stages = _Stages(on_stage)
     try:
-        with _sigterm_as_exit(), Staging(destination) as staging, shared_provenance():
+        with (
+            _sigterm_as_exit(),
+            Staging(destination) as staging,
+            shared_provenance(),
+            profiled(stages.profile),  # timings.json's profile_s (etkit-export --profile)
+        ):
             result = _run(
                 model.eval(),
                 inputs,
@@ -310,6 +328,7 @@ def export_model(
                 tolerance=tolerance,
                 qat=qat,
                 plan=plan,
+                full_record=full_record,
             )
             for name, data in extras.items():
                 (staging.path / name).write_bytes(data)
@@ -380,6 +399,7 @@ def _run(
     tolerance: Any = None,
     qat: QatExport | None = None,
     plan: sizing.SizePlan | None = None,
+    full_record: bool = False,
 ) -> ExportResult:
     """The stages in order, one job after another: quantize, lower, write the program (and
     load it), verify (and bundle), write the scenario and the report."""
@@ -403,7 +423,7 @@ def _run(
     for warning in float_section["warnings"]:
         logger.warning("%s", warning)
     io_params = _write_program(
-        lowered, quantized, inputs, work, intermediates, target, stages, methods
+        lowered, quantized, inputs, work, intermediates, target, stages, methods, full_record
     )
     verification, run = None, None
     if verify:
@@ -413,6 +433,7 @@ def _run(
     sizes_section, size_cases = multi.sizes_section(  # bytes; every method or range size judged
         work, model, methods, plan, target, verification, io_params, stages.stage,
         tolerance=tolerance, float_export=not quant.enabled, intermediates=intermediates,
+        full_record=full_record,
     )  # fmt: skip
     if bundle and run is not None and verification is not None:
         _bundle(work, io_params, target, verification, [_case(run), *size_cases], stages)
@@ -514,9 +535,10 @@ def _quantize(
         for record in () if calibrated else saturations:
             if not record.passes():
                 logger.warning("saturation: %s", record.message())
-    with stages.stage("rgb_to_rgba"):
-        graph = exported.module(check_guards=False)
-        pad_rgb_to_rgba(graph)
+    graph = exported.module(check_guards=False)
+    if target == "vgf":  # RGBA textures for the GPU; a CPU program samples RGB as it is
+        with stages.stage("rgb_to_rgba"):
+            pad_rgb_to_rgba(graph)
     if quantizer is not None and target == "vgf":
         with stages.stage("average_pools"):  # AVG_POOL2D as the VGF computes it right
             vgf_average_pools(graph)
@@ -576,6 +598,7 @@ def _lower(
         program = torch.export.export(
             quantized.converted, inputs, dynamic_shapes=quantized.dynamic, strict=True
         )
+        drop_unread_state(program)  # the float weights PT2E folded into int8 constants
     quantizer = quantized.quantizer
     ins, outs = (quantizer.input_qspecs, quantizer.output_qspecs) if quantizer else ((), ())
     quantized_inputs = [k for k, q in enumerate(ins) if q is not None]
@@ -658,6 +681,7 @@ def _write_program(
     target: str,
     stages: _Stages,
     methods: Sequence[multi.Method] = (),
+    full_record: bool = False,
 ) -> dict[str, Any]:
     """Stages serialize, load and etrecord: model.pte and io_quant_params.json written, the
     program loaded back, the ETRecord written (``forward``'s). Returns the IO parameters with
@@ -681,6 +705,7 @@ def _write_program(
             inputs,
             float_program=quantized.exported,
             forbidden_paths=[work, intermediates],
+            full=full_record,
         )
     return io_params
 
@@ -768,4 +793,5 @@ def _report(
         quantized.coordinates["inputs"] = list(quantized.quantizer.coordinate_inputs)
         float_section["coordinate_inputs"] = quantized.coordinates
     report["float_ops"] = float_section
+    report["profile_s"] = stages.profile.section(stages.timings)
     return report

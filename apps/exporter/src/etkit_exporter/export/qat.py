@@ -144,9 +144,9 @@ def qat_prepare(
     for record in saturations:
         if not record.passes():
             logger.warning("saturation: %s", record.message())
-    passes: list[Callable[[GraphModule], object]] = [pad_rgb_to_rgba]
-    if target == "vgf":
-        passes.append(vgf_average_pools)  # as export_model lowers them for VGF
+    passes: list[Callable[[GraphModule], object]] = []
+    if target == "vgf":  # export_model's graph passes for VGF: RGBA textures, average pools
+        passes += [pad_rgb_to_rgba, vgf_average_pools]
     prepared = prepare_qat(
         model,
         inputs,
