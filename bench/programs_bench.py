@@ -9,8 +9,9 @@ float32. Threads: ``--threads`` for PyTorch (``torch.set_num_threads``) and ONNX
 so keep ``--threads`` at the core count for a like-for-like table. Calls take turns, so no
 runtime's idle threads may spin after a call: ONNX Runtime runs without spinning and PyTorch's
 OpenMP with ``OMP_WAIT_POLICY=PASSIVE`` (set here before torch loads). With spinning threads
-every program after ONNX Runtime's ran 4-5x slower. etkit's row also gives the
-share of its instructions' time spent outside every delegate (one ETDump run,
+the programs ran up to 2.1x slower (flow-warp at 544x960: etkit's 97.7 ms against 46.7 ms,
+eager 198.8 against 128.6). etkit's row also gives the share of its instructions' time spent
+outside every delegate (one ETDump run,
 ``etkit_exporter.check.inspection.outside_delegates``). A flow that fails (an export upstream
 refuses, a program that does not load) is a row with its one-line reason.
 
