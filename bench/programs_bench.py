@@ -165,7 +165,7 @@ def _etkit(
     model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], folder: Path
 ) -> tuple[Callable[[], Any], dict[str, Any] | None]:
     from etkit_exporter import export_model
-    from etkit_exporter.check.inspection import Row, outside_delegates
+    from etkit_exporter.check.inspection import event_row, outside_delegates
     from etkit_exporter.core.io_params import program_input
     from etkit_exporter.programs.runtime import run_with_etdump, runtime_method
 
@@ -182,22 +182,8 @@ def _etkit(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             inspector = Inspector(etdump_path=str(etdump))
-        framework = ("Method::init", "Program::load_method", "Method::execute", "OPERATOR_CALL")
-        rows = [
-            Row(
-                instruction=None,
-                event=e.name,
-                backend=(e.delegate_backend_name or "delegate")
-                if e.name == "DELEGATE_CALL"
-                else "kernel",
-                ops="",
-                ms=e.perf_data.avg if e.perf_data else None,
-                depth=0,
-            )
-            for block in inspector.event_blocks
-            for e in block.events
-            if not e.is_delegated_op and e.name not in framework
-        ]
+        events = [e for block in inspector.event_blocks for e in block.events]
+        rows = [row for row in map(event_row, events) if row is not None]
         share = outside_delegates(rows)
     except Exception as error:  # the latency still stands
         share = {"error": _line(error)}

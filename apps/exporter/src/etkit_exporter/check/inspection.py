@@ -130,6 +130,29 @@ def outside_delegates(rows: Sequence[Row], slowest: int = 3) -> dict[str, Any] |
     }
 
 
+def event_row(event: Any) -> Row | None:
+    """The table's row of one event of ExecuTorch's Inspector, without comparisons; ``None``
+    for the framework's own events (loading, ``Method::execute``, ``OPERATOR_CALL``)."""
+    if event.name in _FRAMEWORK_EVENTS or event.name == "OPERATOR_CALL":
+        return None
+    return Row(
+        instruction=getattr(event, "_instruction_id", None),
+        event=event.name,
+        backend=event.delegate_backend_name or _unnamed_backend(event),
+        ops=_ops_summary(event.op_types),
+        ms=event.perf_data.avg if event.perf_data is not None else None,
+        depth=1 if event.is_delegated_op else 0,
+    )
+
+
+def _unnamed_backend(event: Any) -> str:
+    """What runs an event whose backend the Inspector could not name (no ETRecord): a delegate
+    call is still a delegate's, an event inside one none, any other a kernel."""
+    if event.name == "DELEGATE_CALL":
+        return "delegate"
+    return "" if event.is_delegated_op else "kernel"
+
+
 def outside_delegates_line(figures: dict[str, Any] | None) -> str | None:
     """One line for ``outside_delegates``' figures."""
     if figures is None:
@@ -409,19 +432,11 @@ def _runtime_rows(
     for block in inspector.event_blocks:
         for event in block.events:
             count += 1
-            if event.name in _FRAMEWORK_EVENTS or event.name == "OPERATOR_CALL":
+            row = event_row(event)
+            if row is None:
                 continue
-            instruction = getattr(event, "_instruction_id", None)
+            instruction = row.instruction
             entry = export.instructions.get(instruction) if instruction is not None else None
-            ms = event.perf_data.avg if event.perf_data is not None else None
-            row = Row(
-                instruction=instruction,
-                event=event.name,
-                backend=event.delegate_backend_name or ("" if event.is_delegated_op else "kernel"),
-                ops=_ops_summary(event.op_types),
-                ms=ms,
-                depth=1 if event.is_delegated_op else 0,
-            )
             data = list(event.debug_data or [])
             compare_to = None
             if entry is not None and data:

@@ -58,7 +58,16 @@ ETKIT_STAGES: Final = frozenset(
 
 def origin(kind: type) -> str:
     """``etkit`` for a class defined in an etkit package, else ``upstream``."""
-    return "etkit" if kind.__module__.split(".")[0].startswith("etkit") else "upstream"
+    return _module_origin(kind.__module__)
+
+
+def _module_origin(module: str) -> str:
+    return "etkit" if module.split(".")[0].startswith("etkit") else "upstream"
+
+
+def _base_stage(stage: str) -> str:
+    """A stage's name without its size (``capture [540x960]`` -> ``capture``)."""
+    return stage.split(" [")[0]
 
 
 @dataclass
@@ -97,11 +106,11 @@ class PassProfile:
         seconds no row holds, and etkit's share of the stages' time (``ETKIT_STAGES`` whole,
         etkit's rows in the others)."""
         stages: dict[str, Any] = {}
-        etkit = sum(v for k, v in timings.items() if k.split(" [")[0] in ETKIT_STAGES)
+        etkit = sum(v for k, v in timings.items() if _base_stage(k) in ETKIT_STAGES)
         for stage, rows in self.rows.items():
             ranked = sorted(rows.items(), key=lambda item: -item[1].seconds)
             attributed = sum(row.seconds for _, row in ranked)
-            if stage.split(" [")[0] not in ETKIT_STAGES:
+            if _base_stage(stage) not in ETKIT_STAGES:
                 etkit += sum(row.seconds for (_, _, where), row in ranked if where == "etkit")
             stages[stage] = {
                 "seconds": timings.get(stage),
@@ -145,7 +154,7 @@ def _caller_origin() -> str:
     while frame is not None:
         module = str(frame.f_globals.get("__name__", ""))
         if module != __name__ and not module.startswith("subprocess"):
-            return "etkit" if module.split(".")[0].startswith("etkit") else "upstream"
+            return _module_origin(module)
         frame = frame.f_back
     return "upstream"
 
