@@ -312,6 +312,9 @@ SMOKE: dict[str, tuple[str, ...]] = {
         "test_vulkan_compute.py",
         "test_delegate_format.py",
     ),
+    # their lowering tests (Arm's and XNNPACK's partitioners) run in the main run
+    "etkit-partition": ("test_version.py", "test_dtypes.py", "test_policies.py"),
+    "etkit-layout": ("test_version.py", "test_channels_last.py", "test_rgba.py"),
     # its QAT and calibration tests train and calibrate models (2.5 minutes in one process)
     "etkit-quant": (
         "test_version.py",

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -385,22 +386,20 @@ _ENOSPC_EXPORT = textwrap.dedent(
 )
 
 
-def test_cli_refusals_are_one_line_usage_errors(tmp_path: Path) -> None:
+def test_cli_refusals_are_one_line_usage_errors(tmp_path: Path, cli_batch: Any) -> None:
     (tmp_path / "keep.txt").write_text("mine")
     (tmp_path / "file.pte").write_text("x")
-    for out, message in (
+    cases = (
         (".", "working folder"),
         ("", "working folder"),
         ("..", "holds the working folder"),
         ("file.pte", "is a file, not a folder"),
-    ):
-        done = subprocess.run(
-            [str(Path(sys.executable).parent / "etkit-export"), "demo", "--out", out, "--force"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
-        assert done.returncode == 2, (out, done.stderr)
-        assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, out
-        assert "Traceback" not in done.stderr
+    )
+    runs = cli_batch([["demo", "--out", out, "--force"] for out, _ in cases], tmp_path)
+    for (out, message), run in zip(cases, runs, strict=True):
+        assert run["code"] == 2, (out, run["stderr"])
+        assert message in run["stderr"] and len(run["stderr"].strip().splitlines()) == 1, out
+        assert "Traceback" not in run["stderr"]
     assert (tmp_path / "keep.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.pte", "keep.txt"]
 

@@ -145,16 +145,22 @@ def test_driver_scalar_kernel_gives_this_machines_bits(driver: Path) -> None:
     batch.run(driver)
 
 
+# The image sizes sampled (each costs the same: one output per grid value); 9 x 13 runs on
+# demand in the monorepo's run (pytest -m extended).
+EVERY_VALUE_SIZES = [(2, 2), (37, 61), pytest.param((9, 13), marks=pytest.mark.extended)]
+
+
+@pytest.mark.parametrize("size", EVERY_VALUE_SIZES)
 @pytest.mark.parametrize(("mode", "padding", "align_corners"), COMBINATIONS)
 def test_same_bits_as_scalar_over_every_grid_value(
-    driver: Path, mode: str, padding: str, align_corners: bool
+    driver: Path, mode: str, padding: str, align_corners: bool, size: tuple[int, int]
 ) -> None:
     """Steps 1 to 3 in each of their forms (integer, nearest integer, exact 64-bit, int8 tables)
     over every grid value of each grid quantization, with each image quantization and output
     form (int8 at ratio 1 and 3, float32), at image sizes from 2 x 2, on a planar one-channel
     image and a 4-channel channels-last one."""
     batch = Batch()
-    for (height, width), channels_last in itertools.product(((2, 2), (9, 13), (37, 61)), (0, 1)):
+    for (height, width), channels_last in itertools.product((size,), (0, 1)):
         generator = torch.Generator().manual_seed(height * 100 + width)
         image = random_image((1, 4 if channels_last else 1, height, width), generator)
         if channels_last:
@@ -166,11 +172,11 @@ def test_same_bits_as_scalar_over_every_grid_value(
     counters = batch.run(driver)
     # int8 grids read tables; int16 grids take the integer forms where they apply, else the
     # exact one (always for reflection)
-    assert counters["table"] == 36 * 256
+    assert counters["table"] == 12 * 256
     if padding == "reflection":
-        assert counters["exact"] == 144 * 65536
+        assert counters["exact"] == 48 * 65536
     else:
-        assert counters["integer" if mode == "bilinear" else "nearest"] >= 72 * 65536
+        assert counters["integer" if mode == "bilinear" else "nearest"] >= 24 * 65536
 
 
 # Image scale / output scale 257/256: multiplier 257 * 2^22, shift 45, reduced to 257 and 23 (too

@@ -61,13 +61,21 @@ def test_unknown_or_missing_isa_is_refused() -> None:
         cpu.grid_sample(image, grid, op, isa="sse9")  # type: ignore[arg-type]
 
 
+# The image sizes the every-grid-value tests sample (each costs the same: one output per grid
+# value); 9 x 13 runs on demand in the monorepo's run (pytest -m extended).
+EVERY_VALUE_SIZES = [(2, 2), (37, 61), pytest.param((9, 13), marks=pytest.mark.extended)]
+
+
 @pytest.mark.skipif(not VECTOR_ISAS, reason="this CPU has no vectorized kernel")
+@pytest.mark.parametrize("size", EVERY_VALUE_SIZES)
 @pytest.mark.parametrize(
     ("padding", "align_corners"),
     list(itertools.product(["zeros", "border", "reflection"], [False, True])),
 )
-def test_same_bits_as_scalar_over_every_grid_value(padding: str, align_corners: bool) -> None:
-    for height, width in ((2, 2), (9, 13), (37, 61)):
+def test_same_bits_as_scalar_over_every_grid_value(
+    padding: str, align_corners: bool, size: tuple[int, int]
+) -> None:
+    for height, width in (size,):
         generator = torch.Generator().manual_seed(height * 1000 + width)
         image = random_image((2, 4, height, width), generator)
         image = image.contiguous(memory_format=torch.channels_last)
@@ -114,9 +122,10 @@ def test_same_bits_as_scalar_where_coordinates_need_float64(isa: str, align_corn
 
 
 @pytest.mark.skipif(not VECTOR_ISAS, reason="this CPU has no vectorized kernel")
+@pytest.mark.parametrize("size", EVERY_VALUE_SIZES)
 @pytest.mark.parametrize(("mode", "padding", "align_corners"), COMBINATIONS)
 def test_every_mode_same_bits_as_scalar_over_every_grid_value(
-    mode: str, padding: str, align_corners: bool
+    mode: str, padding: str, align_corners: bool, size: tuple[int, int]
 ) -> None:
     """Steps 1 to 3 (the same for every channel count) in each of their vector forms: integer,
     float64, exact 64-bit (reflection), the nearest integer form and int8 tables, over every
@@ -124,7 +133,7 @@ def test_every_mode_same_bits_as_scalar_over_every_grid_value(
     stays on the vector path), and for nearest also a 4-channel channels-last one (bilinear's
     is the test above's)."""
     layouts = (0, 1) if mode == "nearest" else (0,)
-    for (height, width), channels_last in itertools.product(((2, 2), (9, 13), (37, 61)), layouts):
+    for (height, width), channels_last in itertools.product((size,), layouts):
         generator = torch.Generator().manual_seed(height * 100 + width)
         image = random_image((1, 4 if channels_last else 1, height, width), generator)
         if channels_last:
