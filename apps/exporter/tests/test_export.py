@@ -63,6 +63,18 @@ def test_flow_warp_xnnpack_verifies(flow_warp_xnnpack: Any) -> None:
     assert floating and all(_db(c) > 25 for c in floating), floating
 
 
+def test_the_report_counts_the_seams_between_delegates(flow_warp_xnnpack: Any) -> None:
+    """XNNPACK (the flow head), etkit's sampler, XNNPACK (the tail): the sampler's output goes
+    straight into the tail; its grid reaches it through the int16 quantize outside (XNNPACK has
+    no int16) and its image from the program's input."""
+    seams = flow_warp_xnnpack.report["delegate_seams"]
+    assert seams == {"delegate_calls": 3, "values_between_delegates": 1}
+    assert (
+        "3 delegate calls; 1 values pass straight"
+        in (flow_warp_xnnpack.artifacts_root / "report.md").read_text()
+    )
+
+
 def test_artifacts_and_io_params(flow_warp_xnnpack: Any) -> None:
     root = flow_warp_xnnpack.artifacts_root
     assert {p.name for p in root.iterdir()} >= {
@@ -134,6 +146,16 @@ def test_flow_warp_vgf_api(tmp_path: Path) -> None:
         assert entry["texture"]["format"] == "R8_SNORM"
     files = {p.suffix for p in (tmp_path / "out" / "intermediates").iterdir()}
     assert {".vgf", ".tosa"} <= files
+    # its seams: the sampler's compute segment between two graph segments; the RGBA image
+    # (int8) and the grid (2 x int16) go in, the RGBA output comes out
+    (height, width) = inputs[0].shape[-2:]
+    vgf = partition["vgf"]
+    assert (vgf["graph_segments"], vgf["compute_segments"], vgf["graph_to_graph"]) == (2, 1, 0)
+    assert sorted(s["bytes"] for s in vgf["seams"]) == [height * width * 4] * 3
+    assert [s["into_kind"] for s in vgf["seams"]] == ["compute", "compute", "graph"]
+    assert result.report["delegate_seams"] == {"delegate_calls": 1, "values_between_delegates": 0}
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "2 graph and 1 compute segments; 3 values between segments" in markdown
 
 
 def test_stn_xnnpack_api_verifies(tmp_path: Path) -> None:
@@ -241,27 +263,45 @@ def test_failed_export_leaves_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["demo", "nosuch"], "unknown demo 'nosuch'"),
-        (["demo", "--quant-input", "snorm9"], "unknown qspec 'snorm9'"),
-        (["--model", "torch.nn:Identity"], "give --inputs FILE or --input-shape"),
-        (["--model", "os:getcwd", "--input-shape", "1x2"], "returned str, not a torch.nn.Module"),
-        (["--model", "user_models"], "must be package.module:factory"),
-        (["--model", "x:y", "--input-shape", "1x0x3"], "bad --input-shape"),
-        ([], "nothing to export"),
-        (["demo", "--target", "metal"], "invalid choice"),
-        (
-            ["demo", "resample", "--quant-input", "snorm8"],
-            "--quant-input is given 1 time but the model has 2",
-        ),
-    ],
-)
-def test_cli_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
-    done = _run_cli(*args, cwd=tmp_path)
+USAGE_ERRORS = [
+    (["demo", "nosuch"], "unknown demo 'nosuch'"),
+    (["demo", "--quant-input", "snorm9"], "unknown qspec 'snorm9'"),
+    (["--model", "torch.nn:Identity"], "give --inputs FILE or --input-shape"),
+    (["--model", "os:getcwd", "--input-shape", "1x2"], "returned str, not a torch.nn.Module"),
+    (["--model", "user_models"], "must be package.module:factory"),
+    (["--model", "x:y", "--input-shape", "1x0x3"], "bad --input-shape"),
+    ([], "nothing to export"),
+    (["demo", "--target", "metal"], "invalid choice"),
+    (
+        ["demo", "resample", "--quant-input", "snorm8"],
+        "--quant-input is given 1 time but the model has 2",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def usage_runs(cli_batch: Any, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Every case of ``USAGE_ERRORS`` run by ``etkit-export``'s main in one fresh process."""
+    runs: list[dict[str, Any]] = cli_batch(
+        [args for args, _ in USAGE_ERRORS], tmp_path_factory.mktemp("usage")
+    )
+    return runs
+
+
+@pytest.mark.parametrize("case", range(len(USAGE_ERRORS)))
+def test_cli_usage_errors(usage_runs: list[dict[str, Any]], case: int) -> None:
+    args, message = USAGE_ERRORS[case]
+    run = usage_runs[case]
+    assert run["code"] == 2, (args, run)
+    assert message in run["stderr"] and len(run["stderr"].strip().splitlines()) == 1, run
+
+
+def test_a_usage_error_in_its_own_process_is_one_line(tmp_path: Path) -> None:
+    """The installed command itself (not main() called in a loop): exit 2, one line."""
+    done = _run_cli("demo", "nosuch", cwd=tmp_path)
     assert done.returncode == 2
-    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "unknown demo 'nosuch'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
 def test_cli_refuses_existing_folder_and_reports_failed_export(tmp_path: Path) -> None:

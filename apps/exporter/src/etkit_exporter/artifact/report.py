@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,9 @@ from torch.export import ExportedProgram
 from etkit_exporter.artifact.float_ops import markdown as float_ops_markdown
 from etkit_exporter.artifact.sizes_text import sizes_markdown
 from etkit_exporter.artifact.verdict_text import envelope_lines, tolerance_text, verdict_lines
-from etkit_exporter.core.backend_ids import GRID_SAMPLER_BACKEND
+from etkit_exporter.core.backend_ids import GRID_SAMPLER_BACKEND, VGF_BACKEND
 from etkit_exporter.vgf.scenario_writer import scenario_markdown
+from etkit_exporter.vgf.segments import vgf_seams
 from etkit_gridsampler import delegate_format
 from etkit_quant.graph import target_name
 
@@ -83,6 +85,11 @@ def build_report(
                     "ops": dict(sorted(ops.items())),
                 }
             )
+            if delegate.backend_id == VGF_BACKEND:  # its segments and the values between them
+                with tempfile.TemporaryDirectory(prefix="etkit-seams-") as scratch:
+                    partitions[-1]["vgf"] = vgf_seams(
+                        bytes(delegate.processed_bytes), Path(scratch)
+                    )
             if delegate.backend_id == GRID_SAMPLER_BACKEND:
                 blob = delegate_format.decode(bytes(delegate.processed_bytes))
                 grid_samplers.append(
@@ -115,6 +122,7 @@ def build_report(
         "partitions": partitions,
         "outside_delegates": outside,
         "grid_samplers": grid_samplers,
+        "delegate_seams": delegate_seams(program),
         "io": io_params,
         "timings_s": timings,
         "intermediates": sorted(p.name for p in intermediates.glob("*")),
@@ -122,6 +130,25 @@ def build_report(
         "saturation": saturation or [],
         "versions": _versions(),
     }
+
+
+def delegate_seams(program: ExportedProgram) -> dict[str, int]:
+    """The program's seams between delegates: its delegate calls, and the values one call reads
+    straight from another call's outputs (a boundary the split of the work made: each is a
+    value leaving one delegate's memory and entering another's)."""
+    calls = [
+        node
+        for node in program.graph.nodes
+        if node.op == "call_function" and "executorch_call_delegate" in str(node.target)
+    ]
+
+    def producer(value: Any) -> Any:
+        if getattr(value, "op", None) == "call_function" and "getitem" in str(value.target):
+            return value.args[0]
+        return value
+
+    between = sum(1 for call in calls for value in call.args[1:] if producer(value) in set(calls))
+    return {"delegate_calls": len(calls), "values_between_delegates": between}
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -135,6 +162,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# etkit export report ({report['target']})", ""]
     lines += verdict_markdown((report.get("verification") or {}).get("verdict"), top=True)
     lines += _partitions_markdown(report["partitions"])
+    lines += _seams_markdown(report["partitions"], report.get("delegate_seams"))
     lines += _outside_markdown(report["outside_delegates"])
     lines += _grid_samplers_markdown(report["grid_samplers"], report.get("grid_sampler_paths"))
     lines += _io_markdown(report["io"])
@@ -149,6 +177,27 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Toolchain", ""]
     lines += _table(["package", "version"], [[k, v] for k, v in report["versions"].items()])
     return "\n".join(lines) + "\n"
+
+
+def _seams_markdown(partitions: list[dict[str, Any]], seams: dict[str, int] | None) -> list[str]:
+    """The seams under "Partitions": values between delegate calls; each VGF's segments and
+    the values its segments hand each other."""
+    lines = []
+    if seams:
+        lines.append(
+            f"- {seams['delegate_calls']} delegate calls; "
+            f"{seams['values_between_delegates']} values pass straight from one to another"
+        )
+    for p in partitions:
+        vgf = p.get("vgf")
+        if vgf:
+            lines.append(
+                f"- {p['name']} (VGF): {vgf['graph_segments']} graph and "
+                f"{vgf['compute_segments']} compute segments; {vgf['seam_count']} values between "
+                f"segments ({vgf['seam_bytes']} bytes an inference), "
+                f"{vgf['graph_to_graph']} between two graph segments"
+            )
+    return ["", *lines] if lines else []
 
 
 def _partitions_markdown(partitions: list[dict[str, Any]]) -> list[str]:
