@@ -34,9 +34,9 @@ import pytest
 TEST_LIMIT_SECONDS: Final = 600.0
 
 FILE_SECONDS: Final = {
-    "tests/test_packaging.py": 330,
-    "tests/test_real_models.py": 360,
-    "tests/test_fuzz.py": 160,
+    "tests/test_real_models.py": 320,
+    "tests/test_packaging.py": 160,
+    "tests/test_fuzz.py": 100,
     "apps/exporter/tests/test_verdict.py": 250,
     "apps/exporter/tests/test_export.py": 200,
     "tests/test_gym_zoo.py": 150,

@@ -163,12 +163,10 @@ CI_MODELS = {
             "rife",
             "stn-tutorial",
             "stereo-depth",
-            "masked-warp",
             "nearest-batch2",
             "grid-first",
             "warp-features-1ch",
             "warp-features-16ch-1x1",
-            "inputs-feed-two-ops",
             "arm-GridSampler2d-test_data_suite-2d_bilinear_zeros",
         }
     ),

@@ -111,7 +111,11 @@ def _differing(actual: np.ndarray, expected: torch.Tensor) -> int:
 
 
 # (every real model of tests/real_models.py: tests/test_real_models.py)
-@pytest.mark.parametrize("name", DEMO_NAMES)
+# the STN's on demand (-m extended); flow-warp's and resample's run in CI
+@pytest.mark.parametrize(
+    "name",
+    [n if n != "stn" else pytest.param(n, marks=pytest.mark.extended) for n in DEMO_NAMES],
+)
 def test_scenario_is_bit_identical_to_the_runner(exported: Any, name: str) -> None:
     result = exported(name)
     folder = result.artifacts_root / SCENARIO_DIR
