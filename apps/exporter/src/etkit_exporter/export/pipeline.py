@@ -549,7 +549,9 @@ def _quantize(
     kept: list[ObserverStates] = []
     if quantizer is not None and calibrated is not None:
         with stages.stage("quantize"):  # this size's graph, the example size's observers
-            converted = quantize_model(graph, inputs, quantizer, observers=calibrated.observers)
+            converted = quantize_model(
+                graph, inputs, quantizer, observers=calibrated.observers, dynamic_shapes=dynamic
+            )
     elif quantizer is not None:
         with stages.stage("quantize"):
             converted = quantize_model(
