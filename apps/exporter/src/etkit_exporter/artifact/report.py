@@ -147,7 +147,8 @@ def delegate_seams(program: ExportedProgram) -> dict[str, int]:
             return value.args[0]
         return value
 
-    between = sum(1 for call in calls for value in call.args[1:] if producer(value) in set(calls))
+    called = set(calls)
+    between = sum(1 for call in calls for value in call.args[1:] if producer(value) in called)
     return {"delegate_calls": len(calls), "values_between_delegates": between}
 
 

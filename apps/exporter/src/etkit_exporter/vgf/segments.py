@@ -30,6 +30,11 @@ def format_bytes(vk_format: str) -> int:
     return bits // 8
 
 
+def _kind(segment: dict[str, Any]) -> str:
+    """A segment's kind as the report names it: ``graph``, ``compute``."""
+    return str(segment.get("type", "unknown")).lower()
+
+
 def seams(declarations: dict[str, Any]) -> dict[str, Any]:
     """``declarations`` (``vgf_dump``'s JSON) summarised: segments by kind; ``seams``, each
     value a segment reads that another segment wrote (an intermediate resource), with its
@@ -37,10 +42,10 @@ def seams(declarations: dict[str, Any]) -> dict[str, Any]:
     seams between two graph segments."""
     resources = {int(r["index"]): r for r in declarations.get("resources", [])}
     segments = declarations.get("model_sequence", {}).get("segments", [])
-    kinds = Counter(str(s.get("type", "unknown")).lower() for s in segments)
+    kinds = Counter(_kind(s) for s in segments)
     listed: list[dict[str, Any]] = []
     for k, segment in enumerate(segments):
-        after = str(segments[k - 1].get("type", "unknown")).lower() if k else "inputs"
+        after = _kind(segments[k - 1]) if k else "inputs"
         for port in segment.get("inputs", []):
             resource = resources.get(int(port["mrt_index"]))
             if resource is None or resource.get("category") != "INTERMEDIATE":
@@ -49,7 +54,7 @@ def seams(declarations: dict[str, Any]) -> dict[str, Any]:
             listed.append(
                 {
                     "into": str(segment.get("name")),
-                    "into_kind": str(segment.get("type", "unknown")).lower(),
+                    "into_kind": _kind(segment),
                     "after_kind": after,
                     "shape": shape,
                     "format": str(resource.get("vk_format")),
