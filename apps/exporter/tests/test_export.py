@@ -65,12 +65,13 @@ def test_flow_warp_xnnpack_verifies(flow_warp_xnnpack: Any) -> None:
 
 def test_the_report_counts_the_seams_between_delegates(flow_warp_xnnpack: Any) -> None:
     """XNNPACK (the flow head), etkit's sampler, XNNPACK (the tail): the sampler's output goes
-    straight into the tail; its grid reaches it through the int16 quantize outside (XNNPACK has
-    no int16) and its image from the program's input."""
+    straight into the tail, and its float32 grid straight from the head (the sampler's delegate
+    quantizes it on entry: XNNPACK has no int16, and the quantize ran outside before); its image
+    comes from the program's input."""
     seams = flow_warp_xnnpack.report["delegate_seams"]
-    assert seams == {"delegate_calls": 3, "values_between_delegates": 1}
+    assert seams == {"delegate_calls": 3, "values_between_delegates": 2}
     assert (
-        "3 delegate calls; 1 values pass straight"
+        "3 delegate calls; 2 values pass straight"
         in (flow_warp_xnnpack.artifacts_root / "report.md").read_text()
     )
 
@@ -102,6 +103,8 @@ def test_report_contents(flow_warp_xnnpack: Any) -> None:
         "bilinear", "border", False,
     )  # fmt: skip
     assert sampler["image"]["dtype"] == "int8" and sampler["grid"]["dtype"] == "int16"
+    assert sampler["grid_quantized_in_delegate"]  # no quantize of the grid outside the delegates
+    assert not [o for o in report["outside_delegates"] if "quantize_per_tensor" in o["op"]]
     # the flow moves sample points past the unit square: the default grid scale covers them
     assert sampler["grid"]["scale"] == pytest.approx(2 / 32767)
     (grid,) = [s for s in report["saturation"] if s["name"].endswith(" grid")]

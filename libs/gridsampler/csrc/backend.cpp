@@ -234,6 +234,27 @@ void run(const View4<const int8_t>& image, const View4<const GridT>& grid, const
   }
 }
 
+// The grid arrives as float32; the blob's grid record says what it is quantized to on entry.
+void run_float_grid(const View4<const int8_t>& image, const View4<const float>& grid,
+                    const QParamsRecord& grid_record, const Tensor& output,
+                    const QuantizedPlan& plan) {
+  const QuantParams grid_q = quant_params(grid_record);
+  const bool int16_grid = grid_record.dtype == DType::kInt16;
+  if (plan.float_output) {
+    const auto out = view_of(output, output.mutable_data_ptr<float>());
+    int16_grid ? grid_sample_quantized_float_grid_parallel<int16_t>(image, grid, grid_q, out,
+                                                                    plan, 0)
+               : grid_sample_quantized_float_grid_parallel<int8_t>(image, grid, grid_q, out,
+                                                                   plan, 0);
+  } else {
+    const auto out = view_of(output, output.mutable_data_ptr<int8_t>());
+    int16_grid ? grid_sample_quantized_float_grid_parallel<int16_t>(image, grid, grid_q, out,
+                                                                    plan, 0)
+               : grid_sample_quantized_float_grid_parallel<int8_t>(image, grid, grid_q, out,
+                                                                   plan, 0);
+  }
+}
+
 class GridSamplerBackend final : public BackendInterface {
  public:
   bool is_available() const override { return true; }
@@ -278,7 +299,9 @@ class GridSamplerBackend final : public BackendInterface {
     const Tensor& grid = args[blob.grid_index]->toTensor();
     const Tensor& output = args[inputs]->toTensor();
     const ScalarType image_type = scalar_type_of(blob.image);
-    const ScalarType grid_type = scalar_type_of(blob.grid);
+    // A grid the delegate quantizes on entry arrives as float32.
+    const ScalarType grid_type =
+        blob.quantizes_grid ? ScalarType::Float : scalar_type_of(blob.grid);
     const bool image_fits = fits(image, image_type, blob.image_min_shape, blob.image_shape);
     const bool grid_fits = fits(grid, grid_type, blob.grid_min_shape, blob.grid_shape);
     // A dynamic N may differ between the two tensors; a fixed one cannot once both fit.
@@ -349,6 +372,9 @@ class GridSamplerBackend final : public BackendInterface {
       grid_sample_f32(view_of(image, image.const_data_ptr<float>()),
                       view_of(grid, grid.const_data_ptr<float>()),
                       view_of(output, output.mutable_data_ptr<float>()), blob.params);
+    } else if (blob.quantizes_grid) {
+      run_float_grid(view_of(image, image.const_data_ptr<int8_t>()),
+                     view_of(grid, grid.const_data_ptr<float>()), blob.grid, output, *plan);
     } else if (grid_type == ScalarType::Short) {
       run(view_of(image, image.const_data_ptr<int8_t>()),
           view_of(grid, grid.const_data_ptr<int16_t>()), output, *plan);

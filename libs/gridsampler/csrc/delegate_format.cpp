@@ -290,9 +290,13 @@ bool parse_delegate_blob(const void* data_in, size_t size, DelegateBlob* out, co
                 "image and grid argument indices are both %u; with 2 inputs they must differ",
                 image_index);
   }
-  if (data[15] != 0) {  // rule 16
-    return fail(error, "reserved byte 15 is %u, must be 0", unsigned{data[15]});
+  if (data[15] > 1) {  // rule 16
+    return fail(error,
+                "grid arrival code %u, must be 0 (as its record says) or 1 (float32, quantized "
+                "on entry)",
+                unsigned{data[15]});
   }
+  out->quantizes_grid = data[15] == 1;
   out->params = {static_cast<Mode>(mode), static_cast<Padding>(padding), align != 0};
   out->input_count = static_cast<uint8_t>(inputs);
   out->image_index = static_cast<uint8_t>(image_index);
@@ -351,8 +355,13 @@ bool parse_delegate_blob(const void* data_in, size_t size, DelegateBlob* out, co
   out->dynamic = false;
   std::memcpy(out->image_min_shape, image, sizeof out->image_min_shape);
   std::memcpy(out->grid_min_shape, grid, sizeof out->grid_min_shape);
-  if (version == kBlobVersion) {
-    return read_bounds(data, out, error);
+  if (version == kBlobVersion && !read_bounds(data, out, error)) {
+    return false;
+  }
+  if (out->quantizes_grid && (!out->grid.present || inputs != 2)) {  // rule 35
+    return fail(error,
+                "a grid that arrives as float32 to be quantized (grid arrival code 1) needs a "
+                "quantized grid record and an input of its own (input count 2)");
   }
   return true;
 }

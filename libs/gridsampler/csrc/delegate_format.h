@@ -42,6 +42,9 @@ struct DelegateBlob {
   int32_t image_min_shape[4];
   int32_t grid_min_shape[4];
   bool dynamic;  // some dimension is (a version-3 blob)
+  // Byte 15: the grid arrives as float32 and the delegate quantizes it with the grid record on
+  // entry (ExecuTorch's quantize_per_tensor, fused; quantize_grid_on_entry).
+  bool quantizes_grid;
 };
 
 // Parses and validates `size` bytes at `data` with the rules of docs/delegate_format.md, in their

@@ -110,6 +110,53 @@ void run_quantized(const int8_t* image, const int64_t* image_sizes, const int64_
   }
 }
 
+template <typename GridT>
+void run_float_grid(const int8_t* image, const int64_t* image_sizes, const int64_t* image_strides,
+                    const float* grid, const int64_t* grid_sizes, const int64_t* grid_strides,
+                    const QuantParams& grid_q, void* output, const int64_t* output_strides,
+                    const QuantizedPlan& plan, int num_threads, etkit::gridsampler::Isa isa) {
+  using namespace etkit::gridsampler;
+  const int64_t output_sizes[4] = {image_sizes[0], image_sizes[1], grid_sizes[1], grid_sizes[2]};
+  const auto image_view = make_view(image, image_sizes, image_strides);
+  const auto grid_view = make_view(grid, grid_sizes, grid_strides);
+  if (plan.float_output) {
+    grid_sample_quantized_float_grid_parallel<GridT>(
+        image_view, grid_view, grid_q,
+        make_view(static_cast<float*>(output), output_sizes, output_strides), plan, num_threads,
+        isa);
+  } else {
+    grid_sample_quantized_float_grid_parallel<GridT>(
+        image_view, grid_view, grid_q,
+        make_view(static_cast<int8_t*>(output), output_sizes, output_strides), plan, num_threads,
+        isa);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// What both quantized entries check before any kernel runs, in this order: the instruction set,
+// the operands, the plan. Returns nullptr with *plan set, or why not.
+const char* check_quantized(const int8_t* image, const int64_t* image_sizes,
+                            const int64_t* image_strides, const void* grid, int grid_is_int8,
+                            const int64_t* grid_sizes, const int64_t* grid_strides, void* output,
+                            const int64_t* output_strides, int mode, int padding,
+                            int align_corners, const EtkitQParams* image_q,
+                            const EtkitQParams* grid_q, const EtkitQParams* output_q, int isa,
+                            QuantizedPlan* plan) {
+  using etkit::gridsampler::Isa;
+  if (isa < 0 || isa > 4 || !etkit::gridsampler::cpu_supports(static_cast<Isa>(isa))) {
+    return "this CPU does not support the requested instruction set";
+  }
+  if (const char* error = invalid_operands(image, image_sizes, image_strides, grid, grid_sizes,
+                                           grid_strides, output, output_strides)) {
+    return error;
+  }
+  return make_plan(mode, padding, align_corners, image_q, grid_q, grid_is_int8, output_q,
+                   image_sizes[2], image_sizes[3], plan);
+}
+
 }  // namespace
 
 extern "C" int etkit_gridsampler_grid_sample_q(
@@ -121,17 +168,11 @@ extern "C" int etkit_gridsampler_grid_sample_q(
   using etkit::gridsampler::Isa;
   const char* unread = nullptr;
   error = error != nullptr ? error : &unread;
-  if (isa < 0 || isa > 4 || !etkit::gridsampler::cpu_supports(static_cast<Isa>(isa))) {
-    *error = "this CPU does not support the requested instruction set";
-    return 1;
-  }
-  if ((*error = invalid_operands(image, image_sizes, image_strides, grid, grid_sizes,
-                                 grid_strides, output, output_strides)) != nullptr) {
-    return 1;
-  }
   QuantizedPlan plan;
-  if ((*error = make_plan(mode, padding, align_corners, image_q, grid_q, grid_is_int8, output_q,
-                          image_sizes[2], image_sizes[3], &plan)) != nullptr) {
+  if ((*error = check_quantized(image, image_sizes, image_strides, grid, grid_is_int8, grid_sizes,
+                                grid_strides, output, output_strides, mode, padding,
+                                align_corners, image_q, grid_q, output_q, isa, &plan)) !=
+      nullptr) {
     return 1;
   }
   if (grid_is_int8) {
@@ -140,6 +181,51 @@ extern "C" int etkit_gridsampler_grid_sample_q(
   } else {
     run_quantized<int16_t>(image, image_sizes, image_strides, grid, grid_sizes, grid_strides,
                            output, output_strides, plan, num_threads, static_cast<Isa>(isa));
+  }
+  return 0;
+}
+
+extern "C" int etkit_gridsampler_grid_sample_q_float_grid(
+    const int8_t* image, const int64_t* image_sizes, const int64_t* image_strides,
+    const float* grid, int grid_is_int8, const int64_t* grid_sizes, const int64_t* grid_strides,
+    void* output, const int64_t* output_strides, int mode, int padding, int align_corners,
+    const EtkitQParams* image_q, const EtkitQParams* grid_q, const EtkitQParams* output_q,
+    int num_threads, int isa, const char** error) {
+  using etkit::gridsampler::Isa;
+  const char* unread = nullptr;
+  error = error != nullptr ? error : &unread;
+  QuantizedPlan plan;
+  if ((*error = check_quantized(image, image_sizes, image_strides, grid, grid_is_int8, grid_sizes,
+                                grid_strides, output, output_strides, mode, padding,
+                                align_corners, image_q, grid_q, output_q, isa, &plan)) !=
+      nullptr) {
+    return 1;
+  }
+  const QuantParams q = to_quant_params(grid_q);
+  if (grid_is_int8) {
+    run_float_grid<int8_t>(image, image_sizes, image_strides, grid, grid_sizes, grid_strides, q,
+                           output, output_strides, plan, num_threads, static_cast<Isa>(isa));
+  } else {
+    run_float_grid<int16_t>(image, image_sizes, image_strides, grid, grid_sizes, grid_strides, q,
+                            output, output_strides, plan, num_threads, static_cast<Isa>(isa));
+  }
+  return 0;
+}
+
+extern "C" int etkit_gridsampler_quantize_grid(const float* values, int64_t count,
+                                               const EtkitQParams* grid_q, int grid_is_int8,
+                                               void* out, int isa) {
+  using namespace etkit::gridsampler;
+  if (values == nullptr || out == nullptr || grid_q == nullptr || count < 0 || isa < 0 ||
+      isa > 4 || !cpu_supports(static_cast<Isa>(isa))) {
+    return 1;
+  }
+  if (grid_is_int8) {
+    quantize_grid_on_entry(values, count, to_quant_params(grid_q), static_cast<int8_t*>(out),
+                           static_cast<Isa>(isa));
+  } else {
+    quantize_grid_on_entry(values, count, to_quant_params(grid_q), static_cast<int16_t*>(out),
+                           static_cast<Isa>(isa));
   }
   return 0;
 }

@@ -43,6 +43,23 @@ int etkit_gridsampler_grid_sample_q(const int8_t* image, const int64_t* image_si
                                     const EtkitQParams* grid_q, const EtkitQParams* output_q,
                                     int num_threads, int isa, const char** error);
 
+// etkit_gridsampler_grid_sample_q for a float32 grid that the kernel quantizes with grid_q into
+// int16 (grid_is_int8 = 0) or int8 as it samples (the delegate of a blob whose grid arrives as
+// float32): the output of the quantized grid, bit for bit.
+int etkit_gridsampler_grid_sample_q_float_grid(
+    const int8_t* image, const int64_t* image_sizes, const int64_t* image_strides,
+    const float* grid, int grid_is_int8, const int64_t* grid_sizes, const int64_t* grid_strides,
+    void* output, const int64_t* output_strides, int mode, int padding, int align_corners,
+    const EtkitQParams* image_q, const EtkitQParams* grid_q, const EtkitQParams* output_q,
+    int num_threads, int isa, const char** error);
+
+// `count` float32 values quantized with grid_q into int16 (grid_is_int8 = 0) or int8, as the
+// delegate quantizes a grid on entry (ExecuTorch's quantize_per_tensor, bit for bit on finite
+// values). Returns 0, or 1 for a null pointer, a negative count or an unsupported isa.
+int etkit_gridsampler_quantize_grid(const float* values, int64_t count,
+                                    const EtkitQParams* grid_q, int grid_is_int8, void* out,
+                                    int isa);
+
 // The number of threads the integer kernel uses when num_threads is 0: the CPUs in the process's
 // affinity mask, capped by its cgroup's CPU quota, at least 1.
 int etkit_gridsampler_default_num_threads();

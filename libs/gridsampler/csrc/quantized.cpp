@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -380,26 +381,26 @@ int default_num_threads() {
   return std::max(threads, 1);
 }
 
-template <typename GridT, typename OutT>
-void grid_sample_quantized_parallel(const View4<const int8_t>& image,
-                                    const View4<const GridT>& grid, const View4<OutT>& output,
-                                    const QuantizedPlan& plan, int num_threads, Isa isa) {
-  const int64_t rows = grid.sizes[0] * grid.sizes[1];
+void parallel_rows(int64_t rows, int64_t width, int num_threads,
+                   const std::function<void(int64_t, int64_t)>& work_on) {
   // Below ~64k output pixels a thread costs more than it saves.
-  int64_t threads = std::min<int64_t>(rows, rows * grid.sizes[2] / 65536 + 1);
+  int64_t threads = std::min<int64_t>(rows, rows * width / 65536 + 1);
   if (threads > 1) {
     threads = std::min<int64_t>(threads, num_threads > 0 ? num_threads : default_num_threads());
   }
+  // A chunk is 16 rows, or more where rows are short (a correlation lookup's are 9 pixels), so
+  // that each holds some 8k pixels: a chunk's set-up then costs little against its work.
+  const int64_t short_rows = (8192 + width - 1) / width;
   if (threads <= 1) {
-    grid_sample_quantized(image, grid, output, plan, 0, rows, isa);
+    const int64_t chunk = std::max<int64_t>(16, short_rows);
+    for (int64_t begin = 0; begin < rows; begin += chunk) {
+      work_on(begin, std::min(rows, begin + chunk));
+    }
     return;
   }
   // Rows are handed out in chunks as threads ask for them, so that a thread slowed down (a
   // busy core, a little core) holds the others up by one chunk at most. The calling thread
   // works too.
-  // A chunk is 16 rows, or more where rows are short (a correlation lookup's are 9 pixels), so
-  // that each holds some 8k pixels: a chunk's set-up then costs little against its work.
-  const int64_t short_rows = (8192 + grid.sizes[2] - 1) / grid.sizes[2];
   const int64_t chunk = std::max<int64_t>(
       1, std::min<int64_t>(std::max<int64_t>(16, short_rows), rows / (threads * 8)));
   std::atomic<int64_t> next_row{0};
@@ -409,8 +410,7 @@ void grid_sample_quantized_parallel(const View4<const int8_t>& image,
       if (begin >= rows) {
         return;
       }
-      grid_sample_quantized(image, grid, output, plan, begin, std::min(rows, begin + chunk),
-                            isa);
+      work_on(begin, std::min(rows, begin + chunk));
     }
   };
   std::vector<std::thread> workers;
@@ -421,6 +421,20 @@ void grid_sample_quantized_parallel(const View4<const int8_t>& image,
   for (auto& worker : workers) {
     worker.join();
   }
+}
+
+template <typename GridT, typename OutT>
+void grid_sample_quantized_parallel(const View4<const int8_t>& image,
+                                    const View4<const GridT>& grid, const View4<OutT>& output,
+                                    const QuantizedPlan& plan, int num_threads, Isa isa) {
+  const int64_t rows = grid.sizes[0] * grid.sizes[1];
+  if (rows * grid.sizes[2] < 65536 || num_threads == 1) {  // one call, as one thread would
+    grid_sample_quantized(image, grid, output, plan, 0, rows, isa);
+    return;
+  }
+  parallel_rows(rows, grid.sizes[2], num_threads, [&](int64_t begin, int64_t end) {
+    grid_sample_quantized(image, grid, output, plan, begin, end, isa);
+  });
 }
 
 #define ETKIT_INSTANTIATE(GridT, OutT)                                                          \

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "grid_sample.h"
 
@@ -81,5 +82,32 @@ void grid_sample_quantized_parallel(const View4<const int8_t>& image,
                                     const View4<const GridT>& grid, const View4<OutT>& output,
                                     const QuantizedPlan& plan, int num_threads,
                                     Isa isa = Isa::kAuto);
+
+// Output rows [0, rows) of `width` pixels in chunks, on `num_threads` threads (0:
+// default_num_threads(); fewer for small outputs; the calling thread works too):
+// work_on(begin, end) once per chunk, each chunk on one thread.
+void parallel_rows(int64_t rows, int64_t width, int num_threads,
+                   const std::function<void(int64_t, int64_t)>& work_on);
+
+// `count` float32 values quantized with `grid_q` as ExecuTorch's quantize_per_tensor kernel
+// does (op_quantize.cpp's quantize_val), bit for bit on finite values: in float32,
+// nearbyint(value * (1 / scale)) + zero_point, clamped to [quant_min, quant_max]; NaN gives
+// quant_min, an infinity its side's bound (where ExecuTorch's conversion is undefined).
+// etkit_gridsampler.op.quantize_on_entry is the same in PyTorch.
+template <typename GridT>
+void quantize_grid_on_entry(const float* values, int64_t count, const QuantParams& grid_q,
+                            GridT* out, Isa isa = Isa::kAuto);
+
+// grid_sample_quantized_parallel for a float32 grid that the delegate quantizes on entry with
+// `grid_q` (quantize_grid_on_entry, into GridT): each thread quantizes a chunk of rows into a
+// buffer of its own and samples with it, so the quantized grid is never whole in memory. The
+// output is the one the quantized grid gives, bit for bit.
+template <typename GridT, typename OutT>
+void grid_sample_quantized_float_grid_parallel(const View4<const int8_t>& image,
+                                               const View4<const float>& grid,
+                                               const QuantParams& grid_q,
+                                               const View4<OutT>& output,
+                                               const QuantizedPlan& plan, int num_threads,
+                                               Isa isa = Isa::kAuto);
 
 }  // namespace etkit::gridsampler

@@ -193,6 +193,8 @@ def _seeds() -> list[bytes]:
     int8_grid = QParams(1 / 127, 0, -127, 127, torch.int8)
     return [
         encode(PROGRAM_OP, IMAGE_SHAPE, GRID_SHAPE, roles=PROGRAM_ROLES),
+        # the grid arrives as float32, quantized on entry (a fused quantize)
+        encode(PROGRAM_OP, IMAGE_SHAPE, GRID_SHAPE, roles=PROGRAM_ROLES, quantizes_grid=True),
         encode(
             GridSampleOp("nearest", "reflection", True, IMAGE_Q, GRID_Q, None),
             IMAGE_SHAPE,
@@ -365,8 +367,10 @@ def _mutants() -> list[bytes]:
             mutants.append(_with_crc(set_field(target, offset, fmt, value)))
             count += 1
     # Records made absent or taken from another seed, and shapes that are valid one by one but
-    # not together: the rules between fields (18, 19, 26, 27; 33, 34).
+    # not together: the rules between fields (18, 19, 26, 27; 33, 34); every seed's grid arriving
+    # as float32 (35: not a float grid, nor one tensor for both roles).
     for target in seeds:
+        mutants.append(_with_crc(set_field(target, 15, "<B", 1)))
         for record in (16, 40, 64):
             mutants.append(_with_crc(set_field(target, record, "<24s", bytes(24))))
             for donor in seeds:
@@ -450,7 +454,8 @@ RULE_PATTERNS: dict[str, str] = {
     "13": r"image argument index \d+, must be below the input count [12]",
     "14": r"grid argument index \d+, must be below the input count [12]",
     "15": r"image and grid argument indices are both [01]; with 2 inputs they must differ",
-    "16": r"reserved byte 15 is \d+, must be 0",
+    "16": r"grid arrival code \d+, must be 0 \(as its record says\) or 1 \(float32, quantized on "
+    r"entry\)",
     "17a": _RECORD + r"present flag \d+, must be 0 \(float32\) or 1 \(quantized\)",
     "17b": _RECORD + r"absent \(float32\) but not all zero",
     "17c": _RECORD + r"dtype code \d+, must be 1 \(int8\)( or 2 \(int16\))?",
@@ -485,6 +490,8 @@ RULE_PATTERNS: dict[str, str] = {
     "33": r"grid N bounds \[-?\d+, -?\d+\] differ from the image's N bounds \[-?\d+, -?\d+\]",
     "34": r"image and grid are one tensor \(input count 1\) but the blob gives them different "
     r"bounds",
+    "35": r"a grid that arrives as float32 to be quantized \(grid arrival code 1\) needs a "
+    r"quantized grid record and an input of its own \(input count 2\)",
 }
 
 
@@ -507,8 +514,8 @@ def _assert_within_spec(blob: bytes) -> None:
     assert (magic, version, size) == (b"ETGS", 2 if len(blob) == BLOB_SIZE else 3, len(blob))
     crc_offset = len(blob) - 4
     assert struct.unpack_from("<I", blob, crc_offset)[0] == zlib.crc32(blob[:crc_offset])
-    mode, padding, align, reserved11, inputs, image, grid, reserved15 = blob[8:16]
-    assert mode <= 1 and padding <= 2 and align <= 1 and reserved11 == 0 and reserved15 == 0
+    mode, padding, align, reserved11, inputs, image, grid, arrival = blob[8:16]
+    assert mode <= 1 and padding <= 2 and align <= 1 and reserved11 == 0 and arrival <= 1
     assert inputs in (1, 2) and image < inputs and grid < inputs
     assert inputs == 1 or image != grid
     tensor_dtypes = {}
@@ -538,8 +545,15 @@ def _assert_within_spec(blob: bytes) -> None:
         assert math.prod(shape) <= 2**31 - 1
     if inputs == 1:
         assert tensor_dtypes[16] == tensor_dtypes[40] and image_shape == grid_shape
-    if version == 2:
-        return
+    if version == 3:
+        _assert_bounds_within_spec(blob, inputs, image_shape, grid_shape)
+    if arrival == 1:
+        assert tensor_dtypes[40] != 0 and inputs == 2
+
+
+def _assert_bounds_within_spec(
+    blob: bytes, inputs: int, image_shape: tuple[int, ...], grid_shape: tuple[int, ...]
+) -> None:
     flags = blob[120]
     assert flags != 0 and not flags & 0x80 and blob[121:124] == bytes(3)
     image_lower, grid_lower = _lower_bounds(blob)
@@ -596,7 +610,7 @@ def _expected(blob: bytes, run_init: bool) -> tuple[_Expected, GridSampleOp | No
         init
         and roles.inputs == 2
         and fits(arguments[roles.image], _torch_dtype(op.image), decoded.image_bounds())
-        and fits(arguments[roles.grid], _torch_dtype(op.grid), decoded.grid_bounds())
+        and fits(arguments[roles.grid], decoded.grid_arrival_dtype, decoded.grid_bounds())
         and arguments[roles.image][1][0] == arguments[roles.grid][1][0]
         and _torch_dtype(op.output) == torch.int8
     )
@@ -730,6 +744,7 @@ def test_blob_fuzz_python_and_cpp_agree(tmp_path: Path) -> None:
                 roles=decode(blob).roles,
                 image_min_shape=image_lower,
                 grid_min_shape=grid_lower,
+                quantizes_grid=decode(blob).quantizes_grid,
             )
             assert again == blob, where
         else:

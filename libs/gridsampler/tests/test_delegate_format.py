@@ -190,7 +190,12 @@ RULE_CASES: list[tuple[str, Callable[[], bytes], Callable[[bytes], bytes], str]]
     ("14", _blob, _set(14, "<B", 255), "grid argument index 255, must be below the input count"),
     ("14-one", _blob, _set(12, "<B", 1), "image argument index 1, must be below the input count"),
     ("15", _blob, _set(13, "<BB", 1, 1), "image and grid argument indices are both 1"),
-    ("16", _blob, _set(15, "<B", 9), "reserved byte 15 is 9, must be 0"),
+    (
+        "16",
+        _blob,
+        _set(15, "<B", 9),
+        "grid arrival code 9, must be 0 (as its record says) or 1 (float32, quantized on entry)",
+    ),
     ("17a", _blob, _set(16, "<B", 2), "image quantization record: present flag 2, must be 0"),
     ("17b", _blob, _set(64 + 20, "<B", 1), "output quantization record: absent (float32) but not"),
     ("17c-image", _blob, _set(17, "<B", 2), "image quantization record: dtype code 2, must be 1"),
@@ -339,6 +344,14 @@ RULE_CASES: list[tuple[str, Callable[[], bytes], Callable[[bytes], bytes], str]]
         _set(140, "<4i", 1, 3, 3, 2),
         "image and grid are one tensor (input count 1) but the blob gives them different bounds",
     ),
+    (
+        "35",
+        _float_blob,
+        _set(15, "<B", 1),
+        "a grid that arrives as float32 to be quantized (grid arrival code 1) needs a quantized "
+        "grid record and an input of its own (input count 2)",
+    ),
+    ("35-v3", _dynamic_one_tensor_blob, _set(15, "<B", 1), "grid arrival code 1) needs a"),
 ]
 
 
@@ -457,3 +470,16 @@ def test_encode_refuses_bad_bounds() -> None:
         encode(OP, (2, 4, 6, 8), (2, 5, 7, 2), roles=GRID_FIRST, image_min_shape=(1, 4, 6, 8))
     with pytest.raises(DelegateFormatError, match="grid last dimension is fixed at 2"):
         encode(OP, IMAGE_SHAPE, GRID_SHAPE, roles=GRID_FIRST, grid_min_shape=(1, 2, 7, 1))
+
+
+def test_a_grid_quantized_on_entry_round_trips_and_both_sides_read_it() -> None:
+    """Byte 15 = 1: the grid arrives as float32 and the delegate quantizes it; the readers
+    accept it and say so, and a blob without it is byte for byte what it was."""
+    blob = _blob()
+    fused = encode(OP, IMAGE_SHAPE, GRID_SHAPE, roles=GRID_FIRST, quantizes_grid=True)
+    assert fused[15] == 1 and fused[:15] == blob[:15] and fused[16:120] == blob[16:120]
+    decoded = decode(fused)
+    assert decoded.quantizes_grid and not decode(blob).quantizes_grid
+    assert decoded.grid_arrival_dtype == torch.float32
+    assert decode(blob).grid_arrival_dtype == torch.int16
+    assert _messages(fused) == (None, None)

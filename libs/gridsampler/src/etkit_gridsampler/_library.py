@@ -59,6 +59,14 @@ def native_library() -> ctypes.CDLL:
         ctypes.c_int, ctypes.c_int, ctypes.c_int,
         qp, qp, qp, ctypes.c_int, ctypes.c_int, errp,
     ]  # fmt: skip
+    library.etkit_gridsampler_grid_sample_q_float_grid.restype = ctypes.c_int
+    library.etkit_gridsampler_grid_sample_q_float_grid.argtypes = (
+        library.etkit_gridsampler_grid_sample_q.argtypes
+    )
+    library.etkit_gridsampler_quantize_grid.restype = ctypes.c_int
+    library.etkit_gridsampler_quantize_grid.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, qp, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+    ]  # fmt: skip
     library.etkit_gridsampler_best_isa.restype = ctypes.c_int
     library.etkit_gridsampler_best_isa.argtypes = []
     library.etkit_gridsampler_cpu_supports.restype = ctypes.c_int

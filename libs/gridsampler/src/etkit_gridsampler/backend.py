@@ -13,7 +13,7 @@ from torch.fx import Node
 from etkit_gridsampler import delegate_format
 from etkit_gridsampler.delegate_format import ArgumentRoles
 from etkit_gridsampler.partitioner import unit_of
-from etkit_quant.graph import is_dequantize, is_grid_sampler
+from etkit_quant.graph import is_dequantize, is_grid_sampler, is_quantize
 
 # The delegate debug identifier of the event the C++ backend logs for each call (csrc/backend.cpp's
 # kDebugEventName): the key of the debug-handle map ``preprocess`` returns.
@@ -25,9 +25,12 @@ class PartitionSignatureError(ValueError):
 
 
 def _source(value: object) -> object:
-    """The node a grid-sampler input comes from, through its dequantize."""
+    """The node a grid-sampler input comes from, through its dequantize and, for a grid the
+    delegate quantizes on entry, the quantize before it."""
     if isinstance(value, Node) and is_dequantize(value):
-        return value.args[0]
+        value = value.args[0]
+        if isinstance(value, Node) and is_quantize(value):
+            return value.args[0]
     return value
 
 
@@ -82,7 +85,8 @@ class GridSamplerBackend(BackendDetails):  # type: ignore[misc]  # executorch is
                 f"a grid-sampler partition has exactly one output, got {len(output.args[0])}; "
                 "tag it with GridSamplerPartitioner"
             )
-        unit = unit_of(samplers[0])
+        # A quantize the partitioner put in the partition is fused (the grid arrives float32).
+        unit = unit_of(samplers[0], fuse_grid_quantize=True)
         roles = argument_roles(edge_program, samplers[0])
         blob = delegate_format.encode(
             unit.op,
@@ -91,6 +95,7 @@ class GridSamplerBackend(BackendDetails):  # type: ignore[misc]  # executorch is
             roles=roles,
             image_min_shape=unit.image_min_shape,
             grid_min_shape=unit.grid_min_shape,
+            quantizes_grid=unit.quantizes_grid,
         )
         return PreprocessResult(
             processed_bytes=blob, debug_handle_map=debug_handle_map(samplers[0])

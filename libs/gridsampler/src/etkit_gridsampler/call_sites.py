@@ -77,7 +77,7 @@ def check_call_sites(program: ExportedProgram) -> list[CallSite]:
             ("grid", blob.roles.grid, blob.grid_min_shape, blob.grid_shape, blob.op.grid),
         ):
             got_lower, got_upper, got_dtype = arguments[index]  # type: ignore[misc]
-            want_dtype = _expected_dtype(qparams)
+            want_dtype = blob.grid_arrival_dtype if role == "grid" else _expected_dtype(qparams)
             # Every size the call can pass must be one the delegate takes: a fixed size its
             # size, a dynamic dimension's range within the blob's bounds.
             inside = len(got_upper) == 4 and all(

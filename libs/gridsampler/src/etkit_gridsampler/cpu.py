@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import ctypes
 from functools import cache
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from etkit_gridsampler._library import native_library
-from etkit_gridsampler.op import MODE_CODES, PADDING_CODES, GridSampleOp
+from etkit_gridsampler.op import MODE_CODES, PADDING_CODES, GridSampleOp, QParams
 from etkit_gridsampler.plan import UnsupportedOpError, c_qparams, unsupported_reason
 
 Isa = Literal["auto", "scalar", "avx2", "avx512", "neon"]
@@ -221,6 +221,23 @@ def _output_like(image: torch.Tensor, grid: torch.Tensor, dtype: torch.dtype) ->
     )
 
 
+def _check_run_arguments(num_threads: int, isa: Isa) -> None:
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int):
+        raise TypeError(f"num_threads must be an int (0: the default), got {num_threads!r}")
+    if not 0 <= num_threads <= _MAX_THREADS:
+        raise ValueError(
+            f"num_threads must be 0 (default_num_threads(), now {default_num_threads()}) or a "
+            f"count up to {_MAX_THREADS}, got {num_threads}"
+        )
+    if isa not in _ISA_CODES or (isa != "auto" and isa not in available_isas()):
+        why = (
+            f" (not available on this CPU: {_ISA_HOMES[isa]} have it)" if isa in _ISA_HOMES else ""
+        )
+        raise ValueError(
+            f"isa must be 'auto' or one of {available_isas()} on this CPU, got {isa!r}{why}"
+        )
+
+
 def grid_sample(
     image: torch.Tensor,
     grid: torch.Tensor,
@@ -244,20 +261,7 @@ def grid_sample(
     type, ``ValueError`` for a tensor, ``num_threads`` or ``isa`` that does not fit, and
     ``UnsupportedOpError`` (a ``ValueError``) for a configuration outside the contract."""
     output_dtype = check_dtypes(image, grid, op)
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int):
-        raise TypeError(f"num_threads must be an int (0: the default), got {num_threads!r}")
-    if not 0 <= num_threads <= _MAX_THREADS:
-        raise ValueError(
-            f"num_threads must be 0 (default_num_threads(), now {default_num_threads()}) or a "
-            f"count up to {_MAX_THREADS}, got {num_threads}"
-        )
-    if isa not in _ISA_CODES or (isa != "auto" and isa not in available_isas()):
-        why = (
-            f" (not available on this CPU: {_ISA_HOMES[isa]} have it)" if isa in _ISA_HOMES else ""
-        )
-        raise ValueError(
-            f"isa must be 'auto' or one of {available_isas()} on this CPU, got {isa!r}{why}"
-        )
+    _check_run_arguments(num_threads, isa)
     # A negated view (neg bit) keeps its data un-negated in memory: the kernel reads memory.
     image, grid = image.resolve_neg(), grid.resolve_neg()
     output = _output_like(image, grid, output_dtype)
@@ -272,11 +276,71 @@ def grid_sample(
         if status != 0:
             raise ValueError(f"the native kernel rejected the arguments of {op}")
         return output
+    return _run_quantized(
+        library.etkit_gridsampler_grid_sample_q, image, grid, op, output, num_threads, isa
+    )
+
+
+def grid_sample_float_grid(
+    image: torch.Tensor,
+    grid: torch.Tensor,
+    op: GridSampleOp,
+    *,
+    num_threads: int = 0,
+    isa: Isa = "auto",
+) -> torch.Tensor:
+    """``grid_sample`` of a quantized ``op`` whose grid arrives as float32 and is quantized with
+    ``op.grid`` as it is sampled, chunk by chunk on the kernel's threads: what the delegate of
+    a blob whose grid arrives as float32 runs (the quantize before a sampler, fused). The output
+    is ``grid_sample(image, op.quantize_per_tensor(grid, op.grid), op)``, bit for bit. Raises as
+    ``grid_sample`` does, and ``ValueError`` for a float op or a grid that is not float32."""
+    check_op(op)
+    grid_t = _check_tensor(grid, "grid")
+    if op.grid is None or op.is_float:
+        raise ValueError(
+            "grid_sample_float_grid needs a quantized op: its grid QParams say how to quantize "
+            "the float32 grid (a float op samples a float grid with grid_sample)"
+        )
+    if grid_t.dtype != torch.float32:
+        raise ValueError(
+            f"grid must be torch.float32 (it is quantized with op.grid on entry), got "
+            f"{grid_t.dtype}; pass a quantized grid to grid_sample"
+        )
+    _check_storage(grid_t, "grid")
+    # The quantized grid's checks, on a view of one element (no copy): dtypes, shapes, contract.
+    output_dtype = check_dtypes(
+        image, torch.zeros((), dtype=op.grid.dtype).expand(grid_t.shape), op
+    )
+    _check_run_arguments(num_threads, isa)
+    image, grid_t = image.resolve_neg(), grid_t.resolve_neg()
+    output = _output_like(image, grid_t, output_dtype)
+    library = native_library()
+    return _run_quantized(
+        library.etkit_gridsampler_grid_sample_q_float_grid,
+        image,
+        grid_t,
+        op,
+        output,
+        num_threads,
+        isa,
+    )
+
+
+def _run_quantized(
+    entry: Any,
+    image: torch.Tensor,
+    grid: torch.Tensor,
+    op: GridSampleOp,
+    output: torch.Tensor,
+    num_threads: int,
+    isa: Isa,
+) -> torch.Tensor:
+    assert op.grid is not None
     image_q, grid_q, output_q = (c_qparams(q) for q in (op.image, op.grid, op.output))
     error = ctypes.c_char_p()
-    status = library.etkit_gridsampler_grid_sample_q(
+    status = entry(
         image.data_ptr(), _int64_array(image.shape), _int64_array(image.stride()),
-        grid.data_ptr(), int(grid.dtype == torch.int8), _int64_array(grid.shape),
+        grid.data_ptr(), int(op.grid.dtype == torch.int8), _int64_array(grid.shape),
         _int64_array(grid.stride()),
         output.data_ptr(), _int64_array(output.stride()),
         MODE_CODES[op.mode], PADDING_CODES[op.padding_mode], int(op.align_corners),
@@ -288,3 +352,26 @@ def grid_sample(
     if status != 0:
         raise UnsupportedOpError(error.value.decode() if error.value else "unsupported op")
     return output
+
+
+def quantize_grid(values: torch.Tensor, qparams: QParams, *, isa: Isa = "auto") -> torch.Tensor:
+    """``values`` (float32) quantized by the C++ kernel as the delegate quantizes a grid on
+    entry (``op.quantize_per_tensor`` is the same in PyTorch): for tests and the curious."""
+    if not isinstance(values, torch.Tensor) or values.dtype != torch.float32:
+        raise ValueError(f"values must be a float32 tensor, got {values!r:.60}")
+    _check_run_arguments(0, isa)
+    values = values.contiguous()
+    out = torch.empty(values.shape, dtype=qparams.dtype)
+    q = c_qparams(qparams)
+    assert q is not None
+    status = native_library().etkit_gridsampler_quantize_grid(
+        values.data_ptr(),
+        values.numel(),
+        ctypes.byref(q),
+        int(qparams.dtype == torch.int8),
+        out.data_ptr(),
+        _ISA_CODES[isa],
+    )
+    if status != 0:
+        raise ValueError(f"the native kernel refused to quantize with {qparams}")
+    return out

@@ -24,6 +24,7 @@ from etkit_gridsampler.op import (
     PADDING_NAMES,
     GridSampleOp,
     QParams,
+    quantize_per_tensor,
 )
 
 MAGIC: Final = b"ETGS"
@@ -128,6 +129,25 @@ class DelegateBlob(SamplerShapes):
     dynamic dimensions) and which runtime argument is which."""
 
     roles: ArgumentRoles = field(kw_only=True)
+    # The grid arrives as float32 and the delegate quantizes it with ``op.grid`` on entry
+    # (byte 15; ``op.quantize_per_tensor``): the quantize before the sampler, fused.
+    quantizes_grid: bool = field(default=False, kw_only=True)
+
+    @property
+    def grid_arrival_dtype(self) -> torch.dtype:
+        """The dtype of the tensor the delegate receives as its grid: float32 where it quantizes
+        the grid on entry or the op is float, else the grid's quantized dtype."""
+        if self.quantizes_grid or self.op.grid is None:
+            return torch.float32
+        return self.op.grid.dtype
+
+    def grid_operand(self, grid: torch.Tensor) -> torch.Tensor:
+        """The grid the sampler samples with, from the tensor the delegate receives as its grid:
+        that tensor, or where the blob quantizes the grid on entry, it quantized as the runtime
+        does (``quantize_per_tensor``)."""
+        if self.quantizes_grid and self.op.grid is not None:
+            return quantize_per_tensor(grid, self.op.grid)
+        return grid
 
     @property
     def version(self) -> int:
@@ -162,13 +182,15 @@ def encode(
     roles: ArgumentRoles,
     image_min_shape: tuple[int, ...] | None = None,
     grid_min_shape: tuple[int, ...] | None = None,
+    quantizes_grid: bool = False,
 ) -> bytes:
     """The blob for ``op`` on an image of ``image_shape`` and a grid of ``grid_shape``, which
     the delegate receives as the arguments ``roles`` names. With ``image_min_shape`` or
     ``grid_min_shape`` (lower bounds; ``None``: the shape, every dimension fixed), the shapes
     are upper bounds and each dimension whose bounds differ is dynamic: the blob is then format
-    version 3, else version 2. Raises ``DelegateFormatError`` (a ``ValueError``) when the result
-    would break a rule of docs/delegate_format.md."""
+    version 3, else version 2. With ``quantizes_grid`` the grid arrives as float32 and the
+    delegate quantizes it with ``op.grid`` (byte 15). Raises ``DelegateFormatError`` (a
+    ``ValueError``) when the result would break a rule of docs/delegate_format.md."""
     image_lower = tuple(image_shape if image_min_shape is None else image_min_shape)
     grid_lower = tuple(grid_shape if grid_min_shape is None else grid_min_shape)
     if (
@@ -206,7 +228,7 @@ def encode(
             roles.inputs,
             roles.image,
             roles.grid,
-            0,
+            int(quantizes_grid),
         )
         + _pack_qparams(op.image)
         + _pack_qparams(op.grid)
@@ -323,7 +345,7 @@ def decode(data: bytes) -> DelegateBlob:
     (crc,) = struct.unpack_from("<I", data, crc_offset)
     if zlib.crc32(data[:crc_offset]) != crc:  # rule 7
         raise _fail("checksum mismatch: the blob is corrupt")
-    (_, _, _, mode, padding, align, reserved11, inputs, image_index, grid_index, reserved15) = (
+    (_, _, _, mode, padding, align, reserved11, inputs, image_index, grid_index, arrival) = (
         _HEADER.unpack_from(data)
     )
     if mode not in MODE_NAMES:  # rule 8
@@ -345,8 +367,11 @@ def decode(data: bytes) -> DelegateBlob:
             f"image and grid argument indices are both {image_index}; with 2 inputs they must "
             "differ"
         )
-    if reserved15 != 0:  # rule 16
-        raise _fail(f"reserved byte 15 is {reserved15}, must be 0")
+    if arrival > 1:  # rule 16
+        raise _fail(
+            f"grid arrival code {arrival}, must be 0 (as its record says) or 1 (float32, "
+            "quantized on entry)"
+        )
     image_q = _check_record(data, IMAGE_RECORD_OFFSET, "image")  # rule 17
     grid_q = _check_record(data, GRID_RECORD_OFFSET, "grid")
     output_q = _check_record(data, OUTPUT_RECORD_OFFSET, "output")
@@ -387,6 +412,11 @@ def decode(data: bytes) -> DelegateBlob:
     image_lower, grid_lower = image_shape, grid_shape
     if version == FORMAT_VERSION:
         image_lower, grid_lower = _check_bounds(data, image_shape, grid_shape, inputs)
+    if arrival == 1 and (grid_q is None or inputs != 2):  # rule 35
+        raise _fail(
+            "a grid that arrives as float32 to be quantized (grid arrival code 1) needs a "
+            "quantized grid record and an input of its own (input count 2)"
+        )
     op = GridSampleOp(
         mode=MODE_NAMES[mode],
         padding_mode=PADDING_NAMES[padding],
@@ -402,6 +432,7 @@ def decode(data: bytes) -> DelegateBlob:
         image_lower,
         grid_lower,
         roles=ArgumentRoles(inputs, image_index, grid_index),
+        quantizes_grid=arrival == 1,
     )
 
 

@@ -95,3 +95,27 @@ def quantize(values: torch.Tensor, qparams: QParams) -> torch.Tensor:
     """Rounds (half to even, as PyTorch's quantize) and clamps ``values`` to ``qparams``."""
     q = torch.round(values.to(torch.float64) / qparams.scale) + qparams.zero_point
     return q.clamp(qparams.quant_min, qparams.quant_max).to(qparams.dtype)
+
+
+def rounded_per_tensor(values: torch.Tensor, qparams: QParams) -> torch.Tensor:
+    """``nearbyint(values * (1 / scale)) + zero_point`` in float32 (halves to even), before the
+    clamp: the arithmetic of PyTorch's ``quantized_decomposed.quantize_per_tensor`` and of
+    ExecuTorch's kernel alike. They compute the inverse differently (a float64 quotient rounded
+    to float32; a float32 quotient) but get the same float32: double rounding of a quotient is
+    innocuous when the wider format has at least 2p + 2 bits (53 >= 2 * 24 + 2)."""
+    if not values.dtype.is_floating_point:
+        raise ValueError(f"values to quantize must be a floating-point tensor, got {values.dtype}")
+    inverse = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(
+        qparams.scale, dtype=torch.float32
+    )
+    return torch.round(values.to(torch.float32) * inverse) + float(qparams.zero_point)
+
+
+def quantize_per_tensor(values: torch.Tensor, qparams: QParams) -> torch.Tensor:
+    """``values`` quantized as the program's ``quantize_per_tensor`` does (ExecuTorch's portable
+    kernel, and the grid-sampler delegate that quantizes a grid on entry): ``rounded_per_tensor``
+    clamped to ``[quant_min, quant_max]``, in ``qparams.dtype``. Bit for bit on finite values;
+    NaN gives ``quant_min`` and infinities the bound on their side (ExecuTorch's kernel leaves NaN
+    and values beyond int64 to the C++ conversion, which differs by CPU)."""
+    rounded = torch.nan_to_num(rounded_per_tensor(values, qparams), nan=float(qparams.quant_min))
+    return rounded.clamp(qparams.quant_min, qparams.quant_max).to(qparams.dtype)

@@ -46,6 +46,9 @@ class GridSamplerUnit(SamplerShapes):
     (dequantize -> grid_sampler_2d -> quantize, or the grid sampler alone when float)."""
 
     nodes: tuple[Node, ...] = field(kw_only=True)
+    # The quantize before the grid's dequantize is in the unit: the delegate receives the
+    # float32 grid and quantizes it on entry (the blob's grid arrival code 1).
+    quantizes_grid: bool = field(default=False, kw_only=True)
 
 
 class UnsupportedGridSamplerError(ValueError):
@@ -123,9 +126,30 @@ def shape_bounds(value: torch.Tensor, what: str) -> tuple[tuple[int, ...], tuple
     return tuple(b[0] for b in bounds), tuple(b[1] for b in bounds)
 
 
-def unit_of(node: Node) -> GridSamplerUnit:
-    """The unit of the ``grid_sampler_2d`` ``node``. Raises ``UnsupportedGridSamplerError``
-    saying why the backend cannot take it."""
+def fusable_grid_quantize(grid_dequantize: Node, sampler: Node) -> Node | None:
+    """The quantize that makes the grid ``grid_dequantize`` reads, where the delegate can take it
+    in (quantize the grid on entry): a quantize of a float32 tensor whose one user is that
+    dequantize and that no other partition holds. None otherwise."""
+    quantize = grid_dequantize.args[0]
+    if not isinstance(quantize, Node) or not is_quantize(quantize):
+        return None
+    source = quantize.args[0]
+    tag = quantize.meta.get("delegation_tag")
+    if (
+        not _sole_user_is(quantize, grid_dequantize)
+        or tag not in (None, sampler.meta.get("delegation_tag"))
+        or not isinstance(source, Node)
+        or not isinstance(source.meta.get("val"), torch.Tensor)
+        or source.meta["val"].dtype != torch.float32
+    ):
+        return None
+    return quantize
+
+
+def unit_of(node: Node, fuse_grid_quantize: bool = False) -> GridSamplerUnit:
+    """The unit of the ``grid_sampler_2d`` ``node``; with ``fuse_grid_quantize``, the quantize
+    that makes its grid too where it can be (``fusable_grid_quantize``). Raises
+    ``UnsupportedGridSamplerError`` saying why the backend cannot take it."""
     image, grid = node.args[0], node.args[1]
     mode, padding, align_corners = node.args[2:5]
     if not isinstance(mode, int) or mode not in MODE_NAMES:
@@ -136,6 +160,7 @@ def unit_of(node: Node) -> GridSamplerUnit:
         raise UnsupportedGridSamplerError("image and grid must be tensors")
     nodes = [node]
     image_q = grid_q = output_q = None
+    grid_quantize: Node | None = None
     image_is_dq = is_dequantize(image) and _sole_user_is(image, node)
     grid_is_dq = is_dequantize(grid) and _sole_user_is(grid, node)
     if image_is_dq and grid_is_dq:
@@ -147,6 +172,11 @@ def unit_of(node: Node) -> GridSamplerUnit:
             nodes.append(user)
         image_value = _tensor_meta(image.args[0])
         grid_value = _tensor_meta(grid.args[0])
+        grid_quantize = fusable_grid_quantize(grid, node) if fuse_grid_quantize else None
+        if grid_quantize is not None and grid_quantize.args[0] is not image.args[0]:
+            nodes.append(grid_quantize)
+        else:  # one tensor as both image and grid stays one argument
+            grid_quantize = None
     elif image_is_dq or grid_is_dq:
         raise UnsupportedGridSamplerError(
             "image and grid must both be quantized (dequantize -> grid sampler) or both float"
@@ -185,7 +215,9 @@ def unit_of(node: Node) -> GridSamplerUnit:
     # Refuse now what preprocess could not write. Which argument comes first is known only once
     # the partition exists, but no rule of the blob depends on it; one tensor feeding both
     # inputs is one runtime argument.
-    one_tensor = (image.args[0] if image_is_dq else image) is (grid.args[0] if grid_is_dq else grid)
+    one_tensor = grid_quantize is None and (image.args[0] if image_is_dq else image) is (
+        grid.args[0] if grid_is_dq else grid
+    )
     roles = ArgumentRoles(1, 0, 0) if one_tensor else ArgumentRoles(2, 0, 1)
     try:
         encode(
@@ -195,6 +227,7 @@ def unit_of(node: Node) -> GridSamplerUnit:
             roles=roles,
             image_min_shape=image_lower,
             grid_min_shape=grid_lower,
+            quantizes_grid=grid_quantize is not None,
         )
     except DelegateFormatError as error:
         raise UnsupportedGridSamplerError(str(error)) from error
@@ -205,16 +238,22 @@ def unit_of(node: Node) -> GridSamplerUnit:
         image_lower,
         grid_lower,
         nodes=tuple(nodes),
+        quantizes_grid=grid_quantize is not None,
     )
 
 
 class GridSamplerPartitioner(Partitioner):  # type: ignore[misc]  # executorch is untyped
     """Tags each grid sampler the backend supports, with the dequantize nodes feeding it and the
     quantize after it, as a partition of its own. The ones it leaves out are in ``rejections``
-    (and logged at debug level), for reports."""
+    (and logged at debug level), for reports. With ``fuse_grid_quantize``, a quantize that
+    makes a sampler's grid from a float32 tensor and that no other delegate took joins the
+    partition: the delegate quantizes the grid on entry, on its own threads, where the program
+    would otherwise run ExecuTorch's single-threaded portable kernel over the whole grid (XNNPACK
+    has no int16 tensors)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fuse_grid_quantize: bool = False) -> None:
         super().__init__()
+        self.fuse_grid_quantize = fuse_grid_quantize
         self.delegation_spec = DelegationSpec(BACKEND_ID, [])
         self.rejections: list[Rejection] = []
 
@@ -228,7 +267,7 @@ class GridSamplerPartitioner(Partitioner):  # type: ignore[misc]  # executorch i
             if not is_grid_sampler(node) or "delegation_tag" in node.meta:
                 continue
             try:
-                unit = unit_of(node)
+                unit = unit_of(node, self.fuse_grid_quantize)
             except UnsupportedGridSamplerError as error:
                 logger.debug("grid sampler %s stays undelegated: %s", node.name, error)
                 self.rejections.append(Rejection(node.name, str(error)))

@@ -36,7 +36,14 @@ from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.fake_quantize import FixedQParamsFakeQuantize
 
 from etkit_gridsampler import torch_kernel
-from etkit_gridsampler.op import MODE_CODES, PADDING_CODES, GridSampleOp, QParams
+from etkit_gridsampler.op import (
+    MODE_CODES,
+    PADDING_CODES,
+    GridSampleOp,
+    QParams,
+    quantize_per_tensor,
+    rounded_per_tensor,
+)
 from etkit_gridsampler.plan import UnsupportedOpError
 from etkit_quant import (
     QatGridSampler,
@@ -57,20 +64,12 @@ __all__ = [
 ]
 
 
-def _rounded(values: torch.Tensor, qparams: QParams) -> torch.Tensor:
-    """``round(values * (1 / scale)) + zero_point`` in float32, before the clamp:
-    ``quantized_decomposed.quantize_per_tensor``'s arithmetic (halves to even)."""
-    if not values.dtype.is_floating_point:
-        raise ValueError(f"values to quantize must be a floating-point tensor, got {values.dtype}")
-    return torch.round(values.to(torch.float32) * (1.0 / qparams.scale)) + qparams.zero_point
-
-
 def quantize(values: torch.Tensor, qparams: QParams) -> torch.Tensor:
-    """``values`` quantized as the program's ``quantize_per_tensor`` does: taken as float32,
-    times the float32 ``1 / scale``, rounded half to even, plus the zero point, clamped to
-    ``[quant_min, quant_max]``; ``qparams.dtype``. NaN has no defined result (as on the
-    device)."""
-    return _rounded(values, qparams).clamp(qparams.quant_min, qparams.quant_max).to(qparams.dtype)
+    """``values`` quantized as the program's ``quantize_per_tensor`` does
+    (``op.quantize_per_tensor``): taken as float32, times the float32 ``1 / scale``, rounded
+    half to even, plus the zero point, clamped to ``[quant_min, quant_max]``; ``qparams.dtype``.
+    NaN gives ``quant_min``."""
+    return quantize_per_tensor(values, qparams)
 
 
 def dequantize(q: torch.Tensor, qparams: QParams) -> torch.Tensor:
@@ -83,7 +82,7 @@ def _quantize_with_mask(
     values: torch.Tensor, qparams: QParams
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize(values, qparams)`` and where it did not clamp (the straight-through mask)."""
-    rounded = _rounded(values, qparams)
+    rounded = rounded_per_tensor(values, qparams)
     in_range = (rounded >= qparams.quant_min) & (rounded <= qparams.quant_max)
     return rounded.clamp(qparams.quant_min, qparams.quant_max).to(qparams.dtype), in_range
 

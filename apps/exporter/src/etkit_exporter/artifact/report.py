@@ -100,6 +100,8 @@ def build_report(
                         "align_corners": blob.op.align_corners,
                         "image": _qparams(blob.op.image),
                         "grid": _qparams(blob.op.grid),
+                        # the delegate takes a float32 grid and quantizes it (a fused quantize)
+                        "grid_quantized_in_delegate": blob.quantizes_grid,
                         "output": _qparams(blob.op.output),
                         "image_shape": list(blob.image_shape),
                         "grid_shape": list(blob.grid_shape),
@@ -254,7 +256,8 @@ def _grid_samplers_markdown(
                 g["padding_mode"],
                 g["align_corners"],
                 _qparams_text(g["image"]),
-                _qparams_text(g["grid"]),
+                _qparams_text(g["grid"])
+                + (" (float32 in, quantized here)" if g.get("grid_quantized_in_delegate") else ""),
                 _qparams_text(g["output"]),
             ]
             for g in samplers

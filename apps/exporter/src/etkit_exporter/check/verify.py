@@ -142,7 +142,7 @@ def _delegate_row(call: Any, processed: bytes) -> dict[str, Any]:
 
     blob = decode(processed)
     op = blob.op
-    image, grid = call.inputs[blob.roles.image], call.inputs[blob.roles.grid]
+    image, grid = call.inputs[blob.roles.image], blob.grid_operand(call.inputs[blob.roles.grid])
     row["mode"] = op.mode
     if op.output is None:
         return row

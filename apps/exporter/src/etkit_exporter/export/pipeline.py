@@ -647,7 +647,7 @@ def _lower(
     edge_program = manager.exported_program()
     if target == "xnnpack":  # pads and moves outside the delegates move integers (exact)
         integer_moves(edge_program)
-    grid_partitioner = GridSamplerPartitioner()
+    grid_partitioner = GridSamplerPartitioner(fuse_grid_quantize=target == "xnnpack")  # no int16
     with stages.stage("lower_grid_sampler"):
         manager = manager.to_backend(grid_partitioner)
     rejected = {r.node: r.reason for r in grid_partitioner.rejections}

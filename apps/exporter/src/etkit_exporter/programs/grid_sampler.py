@@ -55,6 +55,7 @@ class GridSamplerDelegate:
                     f"{describe_tensor(tensor)}, the blob says shape {_bounds_text(bounds)}"
                 )
         op = blob.op
+        grid = blob.grid_operand(grid)  # quantized as the delegate does on entry, where it does
         if self.impl == "vulkan" and not op.is_float:
             result = vulkan.grid_sample(image, grid, op)
             used = "etkit_gridsampler.vulkan"
