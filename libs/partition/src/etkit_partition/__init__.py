@@ -5,6 +5,7 @@ from etkit_partition.dtypes import DetagQuantizeDtypes
 from etkit_partition.dynamic import DetagDynamicReshapes
 from etkit_partition.float_results import DetagQuantizeOfFloatResults
 from etkit_partition.moves import DetagMovedQuantizes, integer_moves
+from etkit_partition.normalization import instance_norms_as_moments
 from etkit_partition.pads import DetagQuantizedPads
 from etkit_partition.partitioner import PolicyPartitioner
 from etkit_partition.policies import (
@@ -36,6 +37,7 @@ __all__ = [
     "PolicyPartitioner",
     "__version__",
     "duplicate_dequantize",
+    "instance_norms_as_moments",
     "integer_moves",
     "merge_partitions",
     "repair_partitions",

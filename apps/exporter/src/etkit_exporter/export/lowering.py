@@ -26,6 +26,7 @@ from etkit_gridsampler.vgf_shader import (
     OWN_DELEGATE,
     sampler_lowering,
 )
+from etkit_partition import instance_norms_as_moments
 from etkit_quant.graph import is_grid_sampler
 
 if TYPE_CHECKING:
@@ -74,6 +75,15 @@ def drop_unread_state(program: ExportedProgram) -> int:
         tensor = program.state_dict.pop(name)
         dropped += tensor.numel() * tensor.element_size()
     return dropped
+
+
+def program_for_target(program: ExportedProgram, target: str) -> ExportedProgram:
+    """The re-exported program as ``target``'s lowering takes it: its unread state dropped
+    (``drop_unread_state``) and, for XNNPACK, each instance norm written in ops XNNPACK lowers
+    (``etkit_partition.instance_norms_as_moments``; outside, it is a single-threaded portable
+    float kernel)."""
+    drop_unread_state(program)
+    return instance_norms_as_moments(program) if target == "xnnpack" else program
 
 
 @contextmanager

@@ -65,7 +65,7 @@ from etkit_exporter.export.arguments import (
 from etkit_exporter.export.average_pools import vgf_average_pools
 from etkit_exporter.export.lowering import (
     collect_sampler_lowering,
-    drop_unread_state,
+    program_for_target,
     sampler_paths,
     strip_build_paths,
     target_backend,
@@ -600,7 +600,7 @@ def _lower(
         program = torch.export.export(
             quantized.converted, inputs, dynamic_shapes=quantized.dynamic, strict=True
         )
-        drop_unread_state(program)  # the float weights PT2E folded into int8 constants
+        program = program_for_target(program, target)  # unread float weights dropped, ...
     quantizer = quantized.quantizer
     ins, outs = (quantizer.input_qspecs, quantizer.output_qspecs) if quantizer else ((), ())
     quantized_inputs = [k for k, q in enumerate(ins) if q is not None]
