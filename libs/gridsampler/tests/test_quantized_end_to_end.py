@@ -54,6 +54,7 @@ def _lower_and_run(
     inputs: tuple[torch.Tensor, ...],
     path: Path,
     fuse_grid_quantize: bool = False,
+    grid_from_input: bool = False,
 ) -> tuple[torch.Tensor, GridSamplerPartitioner]:
     partitioner = GridSamplerPartitioner(fuse_grid_quantize=fuse_grid_quantize)
     program = to_edge_transform_and_lower(
@@ -69,7 +70,8 @@ def _lower_and_run(
         blob = delegate_format.decode(delegate.processed_bytes)
         op = blob.op
         assert op.image is not None and op.grid is not None and op.grid.dtype == torch.int16
-        assert blob.quantizes_grid == fuse_grid_quantize
+        # a program input's quantize is the caller's (an exporter takes it out): never fused
+        assert blob.quantizes_grid == (fuse_grid_quantize and not grid_from_input)
     outside = [
         n
         for n in program.exported_program().graph.nodes
@@ -78,7 +80,7 @@ def _lower_and_run(
         and "dequantize" not in str(n.target)
         and n.meta["val"].dtype == torch.int16
     ]  # the grid's quantize: outside (a portable kernel) unless the delegate took it in
-    assert len(outside) == (0 if fuse_grid_quantize else len(delegates))
+    assert len(outside) == (len(delegates) if grid_from_input or not fuse_grid_quantize else 0)
     path.write_bytes(program.to_executorch().buffer)
     runtime.register()
     (output,) = Runtime.get().load_program(path).load_method("forward").execute(list(inputs))
@@ -123,27 +125,24 @@ def test_flow_warp_matches_converted_model(tmp_path: Path) -> None:
 
 def test_a_grid_quantized_in_the_delegate_gives_the_portable_kernels_bits(tmp_path: Path) -> None:
     """The grid's quantize taken into the delegate (the XNNPACK target's programs) computes what
-    ExecuTorch's portable quantize_per_tensor computed before the sampler, bit for bit: on a grid
-    of rounding ties (half steps, which round to even), values past the int16 range that clamp,
-    and ordinary ones, for a grid from outside and one computed in the program; in two images
-    of a batch and over rows that the delegate's chunks split."""
+    ExecuTorch's portable quantize_per_tensor computed before the sampler, bit for bit, on a grid
+    the program computes (tests/test_grid_quantize.py holds the quantize itself to the portable
+    kernel on rounding ties, clamps and every instruction set); a grid that is a program input
+    keeps its quantize outside, for the exporter to take out of the program."""
     torch.manual_seed(3)
-    scale = 1 / 32767  # snorm16's
-    ties = (torch.arange(-400, 400, dtype=torch.float32) + 0.5) * scale
-    grid = torch.cat([ties, torch.rand(2 * 37 * 29 * 2 - 800) * 2.6 - 1.3]).reshape(2, 37, 29, 2)
-    grid[0, 5, :4] = torch.tensor([[1.7, -1.9], [-3.0, 2.5], [1.0, -1.0], [1.00002, -1.00002]])
     image = torch.rand(2, 3, 13, 21) * 2 - 1
+    grid = torch.rand(2, 37, 29, 2) * 2.6 - 1.3
     cases = [
-        (Resample("bilinear", "border", False), (image, grid), (snorm8(), snorm16())),
-        (FlowWarp(), (image[:1], image[1:]), (snorm8(), snorm8())),
+        (FlowWarp(), (image[:1], image[1:]), (snorm8(), snorm8()), False),
+        (Resample("bilinear", "border", False), (image, grid), (snorm8(), snorm16()), True),
     ]
-    for model, inputs, input_qspecs in cases:
+    for model, inputs, input_qspecs, from_input in cases:
         quantizer = BoundaryQuantizer(
             XNNPACKQuantizer().set_global(get_symmetric_quantization_config()),
             input_qspecs=input_qspecs,
             output_qspecs=(snorm8(),),
         )
         converted = quantize(model.eval(), inputs, quantizer)
-        apart, _ = _lower_and_run(converted, inputs, tmp_path / "apart.pte")
-        fused, _ = _lower_and_run(converted, inputs, tmp_path / "fused.pte", True)
+        apart, _ = _lower_and_run(converted, inputs, tmp_path / "apart.pte", False, from_input)
+        fused, _ = _lower_and_run(converted, inputs, tmp_path / "fused.pte", True, from_input)
         assert torch.equal(fused, apart), (type(model).__name__, (fused != apart).sum())

@@ -86,7 +86,7 @@ class GridSamplerBackend(BackendDetails):  # type: ignore[misc]  # executorch is
                 "tag it with GridSamplerPartitioner"
             )
         # A quantize the partitioner put in the partition is fused (the grid arrives float32).
-        unit = unit_of(samplers[0], fuse_grid_quantize=True)
+        unit = unit_of(samplers[0], fuse_grid_quantize=True, inside_partition=True)
         roles = argument_roles(edge_program, samplers[0])
         blob = delegate_format.encode(
             unit.op,

@@ -126,10 +126,16 @@ def shape_bounds(value: torch.Tensor, what: str) -> tuple[tuple[int, ...], tuple
     return tuple(b[0] for b in bounds), tuple(b[1] for b in bounds)
 
 
-def fusable_grid_quantize(grid_dequantize: Node, sampler: Node) -> Node | None:
+def fusable_grid_quantize(
+    grid_dequantize: Node, sampler: Node, inside_partition: bool = False
+) -> Node | None:
     """The quantize that makes the grid ``grid_dequantize`` reads, where the delegate can take it
-    in (quantize the grid on entry): a quantize of a float32 tensor whose one user is that
-    dequantize and that no other partition holds. None otherwise."""
+    in (quantize the grid on entry): a quantize of a float32 tensor the program computes (not
+    one of its inputs: an input's quantize is the caller's, which an exporter takes out of the
+    program so that the input arrives quantized), whose one user is that dequantize and that no
+    other partition holds. None otherwise. ``inside_partition``: the nodes are a partition's
+    own program (``GridSamplerBackend.preprocess``), whose inputs are all placeholders: a
+    quantize there is one the partitioner took."""
     quantize = grid_dequantize.args[0]
     if not isinstance(quantize, Node) or not is_quantize(quantize):
         return None
@@ -139,6 +145,7 @@ def fusable_grid_quantize(grid_dequantize: Node, sampler: Node) -> Node | None:
         not _sole_user_is(quantize, grid_dequantize)
         or tag not in (None, sampler.meta.get("delegation_tag"))
         or not isinstance(source, Node)
+        or (source.op == "placeholder" and not inside_partition)
         or not isinstance(source.meta.get("val"), torch.Tensor)
         or source.meta["val"].dtype != torch.float32
     ):
@@ -146,10 +153,13 @@ def fusable_grid_quantize(grid_dequantize: Node, sampler: Node) -> Node | None:
     return quantize
 
 
-def unit_of(node: Node, fuse_grid_quantize: bool = False) -> GridSamplerUnit:
+def unit_of(
+    node: Node, fuse_grid_quantize: bool = False, inside_partition: bool = False
+) -> GridSamplerUnit:
     """The unit of the ``grid_sampler_2d`` ``node``; with ``fuse_grid_quantize``, the quantize
-    that makes its grid too where it can be (``fusable_grid_quantize``). Raises
-    ``UnsupportedGridSamplerError`` saying why the backend cannot take it."""
+    that makes its grid too where it can be (``fusable_grid_quantize``, with
+    ``inside_partition``). Raises ``UnsupportedGridSamplerError`` saying why the backend cannot
+    take it."""
     image, grid = node.args[0], node.args[1]
     mode, padding, align_corners = node.args[2:5]
     if not isinstance(mode, int) or mode not in MODE_NAMES:
@@ -172,7 +182,9 @@ def unit_of(node: Node, fuse_grid_quantize: bool = False) -> GridSamplerUnit:
             nodes.append(user)
         image_value = _tensor_meta(image.args[0])
         grid_value = _tensor_meta(grid.args[0])
-        grid_quantize = fusable_grid_quantize(grid, node) if fuse_grid_quantize else None
+        grid_quantize = (
+            fusable_grid_quantize(grid, node, inside_partition) if fuse_grid_quantize else None
+        )
         if grid_quantize is not None and grid_quantize.args[0] is not image.args[0]:
             nodes.append(grid_quantize)
         else:  # one tensor as both image and grid stays one argument
