@@ -159,12 +159,17 @@ const char* check_quantized(const int8_t* image, const int64_t* image_sizes,
 
 }  // namespace
 
-extern "C" int etkit_gridsampler_grid_sample_q(
-    const int8_t* image, const int64_t* image_sizes, const int64_t* image_strides,
-    const void* grid, int grid_is_int8, const int64_t* grid_sizes, const int64_t* grid_strides,
-    void* output, const int64_t* output_strides, int mode, int padding, int align_corners,
-    const EtkitQParams* image_q, const EtkitQParams* grid_q, const EtkitQParams* output_q,
-    int num_threads, int isa, const char** error) {
+namespace {
+
+// Both quantized entries: the checks of check_quantized, then the kernel for an integer grid or,
+// with `float_grid`, for a float32 grid quantized on entry with grid_q.
+int sample_quantized(const int8_t* image, const int64_t* image_sizes,
+                     const int64_t* image_strides, const void* grid, bool float_grid,
+                     int grid_is_int8, const int64_t* grid_sizes, const int64_t* grid_strides,
+                     void* output, const int64_t* output_strides, int mode, int padding,
+                     int align_corners, const EtkitQParams* image_q, const EtkitQParams* grid_q,
+                     const EtkitQParams* output_q, int num_threads, int isa,
+                     const char** error) {
   using etkit::gridsampler::Isa;
   const char* unread = nullptr;
   error = error != nullptr ? error : &unread;
@@ -175,14 +180,32 @@ extern "C" int etkit_gridsampler_grid_sample_q(
       nullptr) {
     return 1;
   }
-  if (grid_is_int8) {
-    run_quantized<int8_t>(image, image_sizes, image_strides, grid, grid_sizes, grid_strides,
-                          output, output_strides, plan, num_threads, static_cast<Isa>(isa));
+  const Isa chosen = static_cast<Isa>(isa);
+  if (float_grid) {
+    const auto* values = static_cast<const float*>(grid);
+    const QuantParams q = to_quant_params(grid_q);
+    (grid_is_int8 ? run_float_grid<int8_t> : run_float_grid<int16_t>)(
+        image, image_sizes, image_strides, values, grid_sizes, grid_strides, q, output,
+        output_strides, plan, num_threads, chosen);
   } else {
-    run_quantized<int16_t>(image, image_sizes, image_strides, grid, grid_sizes, grid_strides,
-                           output, output_strides, plan, num_threads, static_cast<Isa>(isa));
+    (grid_is_int8 ? run_quantized<int8_t> : run_quantized<int16_t>)(
+        image, image_sizes, image_strides, grid, grid_sizes, grid_strides, output,
+        output_strides, plan, num_threads, chosen);
   }
   return 0;
+}
+
+}  // namespace
+
+extern "C" int etkit_gridsampler_grid_sample_q(
+    const int8_t* image, const int64_t* image_sizes, const int64_t* image_strides,
+    const void* grid, int grid_is_int8, const int64_t* grid_sizes, const int64_t* grid_strides,
+    void* output, const int64_t* output_strides, int mode, int padding, int align_corners,
+    const EtkitQParams* image_q, const EtkitQParams* grid_q, const EtkitQParams* output_q,
+    int num_threads, int isa, const char** error) {
+  return sample_quantized(image, image_sizes, image_strides, grid, false, grid_is_int8,
+                          grid_sizes, grid_strides, output, output_strides, mode, padding,
+                          align_corners, image_q, grid_q, output_q, num_threads, isa, error);
 }
 
 extern "C" int etkit_gridsampler_grid_sample_q_float_grid(
@@ -191,25 +214,9 @@ extern "C" int etkit_gridsampler_grid_sample_q_float_grid(
     void* output, const int64_t* output_strides, int mode, int padding, int align_corners,
     const EtkitQParams* image_q, const EtkitQParams* grid_q, const EtkitQParams* output_q,
     int num_threads, int isa, const char** error) {
-  using etkit::gridsampler::Isa;
-  const char* unread = nullptr;
-  error = error != nullptr ? error : &unread;
-  QuantizedPlan plan;
-  if ((*error = check_quantized(image, image_sizes, image_strides, grid, grid_is_int8, grid_sizes,
-                                grid_strides, output, output_strides, mode, padding,
-                                align_corners, image_q, grid_q, output_q, isa, &plan)) !=
-      nullptr) {
-    return 1;
-  }
-  const QuantParams q = to_quant_params(grid_q);
-  if (grid_is_int8) {
-    run_float_grid<int8_t>(image, image_sizes, image_strides, grid, grid_sizes, grid_strides, q,
-                           output, output_strides, plan, num_threads, static_cast<Isa>(isa));
-  } else {
-    run_float_grid<int16_t>(image, image_sizes, image_strides, grid, grid_sizes, grid_strides, q,
-                            output, output_strides, plan, num_threads, static_cast<Isa>(isa));
-  }
-  return 0;
+  return sample_quantized(image, image_sizes, image_strides, grid, true, grid_is_int8,
+                          grid_sizes, grid_strides, output, output_strides, mode, padding,
+                          align_corners, image_q, grid_q, output_q, num_threads, isa, error);
 }
 
 extern "C" int etkit_gridsampler_quantize_grid(const float* values, int64_t count,
