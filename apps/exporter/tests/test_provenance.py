@@ -4,6 +4,8 @@ deep copy, and exports byte-identical with and without it."""
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,20 @@ def test_entries_are_shared_inside_and_copied_outside() -> None:
     assert copied.from_node[0] is not entry  # torch's own deep copy once the block ends
     assert copied.from_node[0].pass_name == shared.from_node[0].pass_name == "earlier pass"
     assert fx_traceback.copy.deepcopy is __import__("copy").deepcopy
+
+
+def test_the_graphs_entries_name_live_until_the_block_ends() -> None:
+    """So that no two graphs of one export share an address, and so an id."""
+    with shared_provenance():
+        graph = torch.fx.Graph()
+        fx_traceback.NodeSource(graph.placeholder("x"), "a pass")
+        named, unnamed = weakref.ref(graph), weakref.ref(torch.fx.Graph())
+        del graph
+        gc.collect()
+        assert named() is not None and unnamed() is None
+    gc.collect()
+    assert named() is None
+    assert fx_traceback.NodeSource.__init__.__name__ == "__init__"  # torch's own again
 
 
 def test_restored_when_the_block_raises() -> None:

@@ -11,9 +11,11 @@ So the envelope reruns the quantized model with each activation quantize roundin
 neighbour wherever the exact value lies within a band of the boundary, at random (``dithered``:
 ``round(v + u)``, ``u`` uniform in ``[-band, band]`` steps), ``samples`` times from a fixed seed,
 and once with every half rounded up and once down (``modes``: TOSA rounds halves up, PyTorch to
-even). Its spread is what the verdict lets a program's outputs differ by (``verdict``). The band
-is ``band`` steps for every quantize, plus ``0.008 * ratio`` for a grid sampler's output
-(``ratio``: image step over output step, the contract's bound). A quantize of a graph input or a
+even); a half is a value within float32 error of one (``HALF_SLACK``), as the quantized model
+computes in float32 what a backend computes exactly on integers. Its spread is what the
+verdict lets a program's outputs differ by (``verdict``). The band is ``band`` steps for every
+quantize, plus ``0.008 * ratio`` for a grid sampler's output (``ratio``: image step over output
+step, the contract's bound). A quantize of a graph input or a
 constant is not dithered: the program is given, or holds, the same integers.
 """
 
@@ -30,6 +32,12 @@ from torch.utils import _pytree as pytree
 # (libs/gridsampler/docs/contract.md, "What it guarantees")
 SAMPLER_CONTRACT_IMAGE_STEPS: Final = 0.008
 ENVELOPE_SEED: Final = 20261128
+# A value the quantized model computes this near a half (in steps: 1e-3 and 4 float32 units in
+# the last place of the value) is a half. A bilinear resize's exact result in quarters of a step
+# came out of PyTorch's float32 kernel up to 1.5e-5 steps from its half (40 of 66 halves of a
+# 540-value output not exactly one), and which ones depends on the CPU's instructions
+HALF_SLACK: Final = 1e-3
+_HALF_SLACK_ULPS: Final = 4 * 2.0**-23
 
 
 def _is_quantize(node: torch.fx.Node) -> bool:
@@ -87,7 +95,8 @@ def quantize_bands(module: torch.fx.GraphModule, band: float) -> dict[str, float
 class _Rounding(torch.fx.Interpreter):
     """Runs a quantized graph with its activation quantizes rounding as ``mode`` says:
     ``"dither"`` (``round(v + u)``, ``u`` uniform within the node's band), ``"up"`` or
-    ``"down"`` (halves); records the values of the nodes named in ``capture``."""
+    ``"down"`` (halves, within ``HALF_SLACK``); records the values of the nodes named in
+    ``capture``."""
 
     def __init__(
         self,
@@ -110,10 +119,11 @@ class _Rounding(torch.fx.Interpreter):
             args, _ = self.fetch_args_kwargs_from_env(n)
             x, scale, zero_point, low, high, dtype = args[:6]
             v = x.float() * (1.0 / float(scale))  # as the quantized model computes it
+            slack = HALF_SLACK + v.abs() * _HALF_SLACK_ULPS
             if self.mode == "up":
-                q = torch.floor(v + 0.5)
+                q = torch.floor(v + 0.5 + slack)
             elif self.mode == "down":
-                q = torch.ceil(v - 0.5)
+                q = torch.ceil(v - 0.5 - slack)
             else:
                 u = torch.rand(v.shape, generator=self.generator, dtype=torch.float32)
                 q = torch.round(v + (2 * u - 1) * band)
