@@ -44,7 +44,7 @@ FILE_SECONDS: Final = {
     "apps/exporter/tests/test_sizes.py": 150,
     "apps/exporter/tests/test_artifacts.py": 150,
     "apps/exporter/tests/test_cli_conventions.py": 150,
-    "tests/test_third_party_zoo.py": 120,
+    "tests/test_third_party_zoo.py": 90,
     "tests/test_one_vgf.py": 100,
     "apps/exporter/tests/test_scenario_export.py": 80,
     "apps/exporter/tests/test_bundle.py": 70,

@@ -36,6 +36,9 @@ pytest_cmd=("$bin/pytest")
 if [ "$workers" != 0 ]; then
   # heaviest files first (conftest.py), not xdist's most-tests-first
   pytest_cmd+=(-n "$workers" --dist loadfile --no-loadscope-reorder)
+  # one PyTorch thread per worker: two workers with two OpenMP threads each on two cores ran
+  # three test files 4.7 % slower (173.6 against 165.5 s)
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
 
 if ((${#packages[@]} == 0)); then

@@ -6,7 +6,7 @@ programs.
 
 Exports are shared: all of a target's kornia warps are one model (each warp its own inputs and
 output), so each target exports the zoo once; kornia's expectation cases are one float model per
-target and also ride in the quantized zoo model; RAFT-small (flow and warp) is one model. A
+target, and one quantized model of their own on demand; RAFT-small (flow and warp) is one model. A
 warp a target cannot take is not exported there: ``Case.refused`` names the upstream limit.
 
 The normalization tests (no lowering) check that etkit's graph normalization changes no value of
@@ -122,9 +122,11 @@ def _export(
 
 
 def _zoo_makers(target: str) -> dict[str, Any]:
-    warps = {n: c.make for n, c in KORNIA.items() if target not in c.refused}
-    expectations = {f"expect:{n}": c.make for n, c in EXPECTATIONS.items()}
-    return {**warps, **expectations}
+    return {n: c.make for n, c in KORNIA.items() if target not in c.refused}
+
+
+def _expectation_makers() -> dict[str, Any]:
+    return {f"expect:{n}": c.make for n, c in EXPECTATIONS.items()}
 
 
 @pytest.fixture(scope="module", params=CI_TARGETS)
@@ -144,6 +146,16 @@ def float_expectations(
     return _export(
         target, makers, tmp_path_factory.mktemp(target) / "expect", enable_pt2e_quantization=False
     )
+
+
+@pytest.fixture(scope="module", params=EXTENDED_TARGETS)
+def quantized_expectations(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Exported:
+    """Kornia's expectation cases quantized (on demand: they are met in float in CI, and the
+    quantized zoo's warps hold the same ops; about 30 s of CI on XNNPACK)."""
+    target = request.param
+    return _export(target, _expectation_makers(), tmp_path_factory.mktemp(target) / "qexpect")
 
 
 @pytest.fixture(scope="module", params=EXTENDED_TARGETS)
@@ -303,15 +315,13 @@ def test_float_programs_meet_kornias_expected_tensors(float_expectations: Export
 
 
 @pytest.mark.slow
-def test_kornia_expectations_quantized_within_one_step(quantized_zoo: Exported) -> None:
-    """Kornia's expectation cases in the quantized zoo export: the program within one step of
-    the quantized PT2E model."""
-    outputs = quantized_zoo.require().io_quant_params["outputs"]
+def test_kornia_expectations_quantized_within_one_step(quantized_expectations: Exported) -> None:
+    """Kornia's expectation cases quantized: the program within one step of the quantized PT2E
+    model."""
+    outputs = quantized_expectations.require().io_quant_params["outputs"]
     failures = []
-    for name, index in quantized_zoo.outputs.items():
-        if not name.startswith("expect:"):
-            continue
-        c = _comparison(quantized_zoo, index, "quantized PT2E model")
+    for name, index in quantized_expectations.outputs.items():
+        c = _comparison(quantized_expectations, index, "quantized PT2E model")
         scale = outputs[index]["scale"]
         if scale is None or c["max_abs_error"] > scale * 1.0001:
             failures.append(f"{name}: {c['max_abs_error']:.4g} (scale {scale})")
