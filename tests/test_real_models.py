@@ -191,9 +191,11 @@ def test_ci_models_are_real_models() -> None:
         assert names <= set(REAL_MODELS), (path, sorted(names - set(REAL_MODELS)))
 
 
-def _model_params(known_failures: dict[str, str], path: str) -> list[Any]:
+def _model_params(
+    known_failures: dict[str, str], path: str, only: frozenset[str] | None = None
+) -> list[Any]:
     params: list[Any] = []
-    for name in sorted(REAL_MODELS):
+    for name in sorted(REAL_MODELS if only is None else only):
         on_demand = name in ON_DEMAND_MODELS or name not in CI_MODELS[path]
         marks = [pytest.mark.extended] if on_demand else []
         if name in known_failures:
@@ -438,7 +440,7 @@ SCENARIO_MODELS = frozenset(
 
 @pytest.mark.parametrize(
     "vgf",
-    [p for p in VGF_MODELS if (p.values[0] if hasattr(p, "values") else p) in SCENARIO_MODELS],
+    _model_params(VGF_KNOWN_FAILURES, "vgf", only=SCENARIO_MODELS),
     indirect=True,
 )
 def test_vgf_scenario_same_as_runner_with_vulkan_grid_sampler(vgf: Exported) -> None:

@@ -92,6 +92,11 @@ def quantize_bands(module: torch.fx.GraphModule, band: float) -> dict[str, float
     return bands
 
 
+def _half_slack(v: torch.Tensor) -> torch.Tensor:
+    """How near a half (in steps) a value of ``v`` counts as one (``HALF_SLACK``)."""
+    return HALF_SLACK + v.abs() * _HALF_SLACK_ULPS
+
+
 class _Rounding(torch.fx.Interpreter):
     """Runs a quantized graph with its activation quantizes rounding as ``mode`` says:
     ``"dither"`` (``round(v + u)``, ``u`` uniform within the node's band), ``"up"`` or
@@ -119,11 +124,10 @@ class _Rounding(torch.fx.Interpreter):
             args, _ = self.fetch_args_kwargs_from_env(n)
             x, scale, zero_point, low, high, dtype = args[:6]
             v = x.float() * (1.0 / float(scale))  # as the quantized model computes it
-            slack = HALF_SLACK + v.abs() * _HALF_SLACK_ULPS
             if self.mode == "up":
-                q = torch.floor(v + 0.5 + slack)
+                q = torch.floor(v + 0.5 + _half_slack(v))
             elif self.mode == "down":
-                q = torch.ceil(v - 0.5 - slack)
+                q = torch.ceil(v - 0.5 - _half_slack(v))
             else:
                 u = torch.rand(v.shape, generator=self.generator, dtype=torch.float32)
                 q = torch.round(v + (2 * u - 1) * band)
