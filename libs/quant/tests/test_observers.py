@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.fx import GraphModule
 
 from etkit_quant import observer_states, quantize
-from etkit_quant.graph import is_quantize
+from etkit_quant.graph import is_dequantize, is_quantize
 
 
 class Net(torch.nn.Module):
@@ -19,6 +19,8 @@ class Net(torch.nn.Module):
         torch.manual_seed(0)
         self.a = torch.nn.Conv2d(3, 8, 3, padding=1)
         self.b = torch.nn.Conv2d(8, 3, 3, padding=1)
+        with torch.no_grad():  # |w| < 127 * 2**-12: XNNPACK's smallest scale (eps) holds it
+            self.b.weight.mul_(0.2)
         self.extra = extra
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -36,7 +38,20 @@ def _quantizer() -> object:
 
 
 def _qparams(converted: GraphModule) -> list[tuple[float, int]]:
-    return [(float(n.args[1]), int(n.args[2])) for n in converted.graph.nodes if is_quantize(n)]
+    """The parameters of every quantize and dequantize, the weights' included (their quantize
+    is folded into an int8 constant at conversion; their dequantize stays)."""
+    return [
+        (float(n.args[1]), int(n.args[2]))
+        for n in converted.graph.nodes
+        if is_quantize(n) or is_dequantize(n)
+    ]
+
+
+def _weights(converted: GraphModule) -> list[torch.Tensor]:
+    constants = [converted.get_buffer(str(n.target)) if "." not in str(n.target) else
+                 converted.get_parameter(str(n.target))
+                 for n in converted.graph.nodes if n.op == "get_attr"]  # fmt: skip
+    return [c for c in constants if c.dtype == torch.int8]
 
 
 @pytest.mark.slow
@@ -51,6 +66,11 @@ def test_states_of_one_size_convert_another_to_the_same_parameters() -> None:
     at_large = quantize(Net(), large, _quantizer(), observers=states)
     calibrated_there = quantize(Net(), large, _quantizer())
     assert _qparams(at_large) == _qparams(at_small)
+    # the small weight's scale is XNNPACK's smallest (eps, 2**-12) at both sizes
+    assert 2**-12 in [scale for scale, _ in _qparams(at_small)]
+    assert all(
+        torch.equal(a, b) for a, b in zip(_weights(at_large), _weights(at_small), strict=True)
+    )
     assert _qparams(calibrated_there) != _qparams(at_small)
     assert tuple(at_large(*large).shape) == (1, 3, 20, 24)
 

@@ -82,7 +82,8 @@ def observer_states(prepared: GraphModule) -> ObserverStates:
 
 def load_observer_states(prepared: GraphModule, states: ObserverStates) -> None:
     """Writes ``states`` (``observer_states`` of another prepare of the same model) into the
-    observers of ``prepared``, so that converting it gives the quantization parameters that
+    observers of ``prepared``, every buffer of their state (``eps`` included, which torchao's
+    own loading skips), so that converting it gives the quantization parameters that
     calibration gave the other. Raises ``ValueError`` naming the first difference when the two
     prepares do not have the same observers (count, names, kinds, what each observes, the shapes
     of their states): the graphs then differ in more than their shapes."""
@@ -110,3 +111,11 @@ def load_observer_states(prepared: GraphModule, states: ObserverStates) -> None:
                     "was calibrated"
                 )
         observer.load_state_dict({k: v.clone() for k, v in given.state.items()}, strict=False)
+        # torchao's observers load their min and max (and histogram) and skip the rest of
+        # their buffers: ``eps``, the smallest scale they give (XNNPACK's quantizer sets 2**-12,
+        # where the default is float32's epsilon), stayed the default, and a weight of this
+        # size got another scale than the calibrated size gave it.
+        loaded = observer.state_dict()
+        for key, value in given.state.items():
+            if key in observer._buffers and not torch.equal(loaded[key], value):
+                observer.register_buffer(key, value.clone())
