@@ -5,6 +5,7 @@ that would write build paths into the program."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,13 +13,20 @@ from typing import TYPE_CHECKING, Any, Final
 
 from executorch.backends.arm.quantizer import VgfQuantizer, get_symmetric_quantization_config
 from executorch.backends.arm.vgf import VgfCompileSpec, VgfPartitioner
+from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
+from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import (
+    ConvertToUpsampleBilinear2d,
+)
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
 from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
     get_symmetric_quantization_config as xnnpack_config,
 )
+from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from torch.export import ExportedProgram
+from torch.fx import GraphModule
+from torch.fx.passes.infra.pass_base import PassResult
 
 from etkit_exporter.vgf.tools import configure_model_converter
 from etkit_gridsampler.vgf_shader import (
@@ -84,6 +92,69 @@ def program_for_target(program: ExportedProgram, target: str) -> ExportedProgram
     float kernel)."""
     drop_unread_state(program)
     return instance_norms_as_moments(program) if target == "xnnpack" else program
+
+
+# The op every pattern graph of XNNPACK's ConvertToSDPAPass holds (its softmax): a graph without
+# one holds no match (tests/test_xnnpack_patterns.py checks it of upstream's patterns).
+SDPA_PATTERN_OP: Final = exir_ops.edge.aten._softmax.default
+
+
+def _retraced(pass_: Any, owner: Any, graph_module: GraphModule) -> PassResult:
+    """What ``owner.call`` does after its pattern matching found nothing: a recompile and its
+    base pass's retrace."""
+    graph_module.recompile()
+    base: Any = super(owner, pass_)
+    return PassResult(base.call(graph_module).graph_module, True)
+
+
+_bilinear_call, _sdpa_call = ConvertToUpsampleBilinear2d.call, ConvertToSDPAPass.call
+
+
+def _bilinear(self: ConvertToUpsampleBilinear2d, graph_module: GraphModule) -> PassResult:
+    return _retraced(self, ConvertToUpsampleBilinear2d, graph_module)
+
+
+def _sdpa(self: ConvertToSDPAPass, graph_module: GraphModule) -> PassResult:
+    if any(node.target == SDPA_PATTERN_OP for node in graph_module.graph.nodes):
+        return _sdpa_call(self, graph_module)  # type: ignore[no-any-return]
+    return _retraced(self, ConvertToSDPAPass, graph_module)
+
+
+_patterns_lock = threading.Lock()
+_patterns_depth = 0
+
+
+@contextmanager
+def xnnpack_patterns_only_where_they_match() -> Iterator[None]:
+    """While it is entered (re-entrant, and across threads), two of XNNPACK's preprocess passes
+    skip pattern matching that cannot change the graph they are given; each still recompiles
+    and retraces it as upstream does, so the program is the same bytes. Their pattern graphs are
+    exported the first time a process uses them: 9 ``run_decompositions``, about 6 s of every
+    CLI export for XNNPACK (the flow-warp demo's export: 13.1 -> 6.7 s).
+
+    - ``ConvertToUpsampleBilinear2d``: its patterns (ExecuTorch 1.5.1) are each one
+      ``upsample_bilinear2d.vec``, and a match whose output is that op is left as it is ("Op
+      was not decomposed, do nothing"): it never changes a graph.
+    - ``ConvertToSDPAPass``: every pattern holds a ``_softmax`` (``SDPA_PATTERN_OP``); a graph
+      without one is not matched.
+
+    ``apps/exporter/tests/test_xnnpack_patterns.py`` checks both facts against the installed
+    patterns."""
+    global _patterns_depth
+
+    with _patterns_lock:
+        if _patterns_depth == 0:
+            ConvertToUpsampleBilinear2d.call = _bilinear
+            ConvertToSDPAPass.call = _sdpa
+        _patterns_depth += 1
+    try:
+        yield
+    finally:
+        with _patterns_lock:
+            _patterns_depth -= 1
+            if _patterns_depth == 0:
+                ConvertToUpsampleBilinear2d.call = _bilinear_call
+                ConvertToSDPAPass.call = _sdpa_call
 
 
 @contextmanager

@@ -69,6 +69,7 @@ from etkit_exporter.export.lowering import (
     sampler_paths,
     strip_build_paths,
     target_backend,
+    xnnpack_patterns_only_where_they_match,
 )
 from etkit_exporter.export.maxima import channel_maxima_last
 from etkit_exporter.export.pass_profile import PassProfile, profiled
@@ -310,6 +311,7 @@ def export_model(
             _sigterm_as_exit(),
             Staging(destination) as staging,
             shared_provenance(),
+            xnnpack_patterns_only_where_they_match(),
             profiled(stages.profile),  # timings.json's profile_s (etkit-export --profile)
         ):
             result = _run(
