@@ -82,3 +82,50 @@ def test_a_graph_that_differs_in_more_than_its_shapes_is_refused() -> None:
     quantize(Net(), inputs, _quantizer(), on_calibrated=lambda p: kept.append(observer_states(p)))
     with pytest.raises(ValueError, match="differs between the two input sizes"):
         quantize(Net(extra=True), inputs, _quantizer(), observers=kept[0])
+
+
+class _Leaves(torch.fx.Tracer):
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        return True
+
+
+class _Observed(torch.nn.Module):
+    """A weight read through one observer (or fake quantize), as prepare_pt2e leaves it."""
+
+    def __init__(self, observer: torch.nn.Module) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([0.02, -0.01]))
+        self.activation_post_process_0 = observer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.activation_post_process_0(self.w)
+
+
+@pytest.mark.parametrize("qat", [False, True], ids=["observer", "fake-quantize"])
+def test_the_smallest_scale_is_loaded_with_the_range(qat: bool) -> None:
+    """``eps`` (2**-12 here, as XNNPACK's quantizer sets it) is part of the state: torchao's own
+    loading skips it, for an observer and for a fake quantize's observer alike."""
+    from torchao.quantization.pt2e.fake_quantize import FakeQuantize
+    from torchao.quantization.pt2e.observer import MinMaxObserver
+
+    from etkit_quant import load_observer_states
+
+    args: dict[str, object] = dict(
+        eps=2**-12, quant_min=-127, quant_max=127, dtype=torch.int8,
+        qscheme=torch.per_tensor_symmetric,
+    )  # fmt: skip
+    make = FakeQuantize.with_args(observer=MinMaxObserver, **args) if qat else (
+        MinMaxObserver.with_args(**args))  # fmt: skip
+
+    def prepared() -> GraphModule:
+        model = _Observed(make())
+        return GraphModule(model, _Leaves().trace(model))
+
+    calibrated, other = prepared(), prepared()
+    calibrated(torch.zeros(2))
+    states = observer_states(calibrated)
+    load_observer_states(other, states)
+    mine, theirs = (m.activation_post_process_0 for m in (other, calibrated))
+    scale, _ = mine.calculate_qparams()
+    assert float(scale) == 2**-12  # 0.02 / 127 without the floor
+    assert torch.equal(scale, theirs.calculate_qparams()[0])

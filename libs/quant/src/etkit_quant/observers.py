@@ -117,5 +117,11 @@ def load_observer_states(prepared: GraphModule, states: ObserverStates) -> None:
         # size got another scale than the calibrated size gave it.
         loaded = observer.state_dict()
         for key, value in given.state.items():
-            if key in observer._buffers and not torch.equal(loaded[key], value):
-                observer.register_buffer(key, value.clone())
+            here = loaded.get(key)
+            if here is not None and torch.equal(here, value):
+                continue
+            # a fake quantize's own observer's buffers are named through it
+            owner_name, _, leaf = key.rpartition(".")
+            owner = observer.get_submodule(owner_name) if owner_name else observer
+            if leaf in owner._buffers:
+                owner.register_buffer(leaf, value.clone())
