@@ -18,7 +18,7 @@ from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
 from executorch.exir.dialects._ops import ops as exir_ops
 
 from etkit_exporter import export_model
-from etkit_exporter.export import pipeline
+from etkit_exporter.export import lowering
 from etkit_exporter.export.lowering import SDPA_PATTERN_OP, xnnpack_patterns_only_where_they_match
 
 
@@ -76,6 +76,6 @@ def test_export_is_byte_identical_with_and_without(
         torch.rand(1, 16, 24, 2, generator=generator) * 2 - 1,
     )
     skipped = export_model(model, inputs, artifacts_root=tmp_path / "skipped", target="xnnpack")
-    monkeypatch.setattr(pipeline, "xnnpack_patterns_only_where_they_match", contextlib.nullcontext)
+    monkeypatch.setattr(lowering, "xnnpack_patterns_only_where_they_match", contextlib.nullcontext)
     matched = export_model(model, inputs, artifacts_root=tmp_path / "matched", target="xnnpack")
     assert skipped.pte_path.read_bytes() == matched.pte_path.read_bytes()

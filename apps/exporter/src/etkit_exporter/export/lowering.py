@@ -158,12 +158,14 @@ def xnnpack_patterns_only_where_they_match() -> Iterator[None]:
 
 
 @contextmanager
-def collect_sampler_lowering(in_vgf: bool) -> Iterator[list[dict[str, Any]]]:
-    """While lowering to VGF, etkit's samplers become compute segments (etkit_gridsampler's
-    rewrite pass runs before the Arm backend's own grid-sampler passes); yields the segments
-    made."""
+def lowering_to(in_vgf: bool) -> Iterator[list[dict[str, Any]]]:
+    """The context of ``to_edge_transform_and_lower`` for a target. To VGF: etkit's samplers
+    become compute segments (etkit_gridsampler's rewrite pass runs before the Arm backend's own
+    grid-sampler passes); yields the segments made. To XNNPACK: its pattern matching runs only
+    where it can change the graph (``xnnpack_patterns_only_where_they_match``); yields ``[]``."""
     if not in_vgf:
-        yield []
+        with xnnpack_patterns_only_where_they_match():
+            yield []
         return
 
     with sampler_lowering() as segments:

@@ -64,12 +64,11 @@ from etkit_exporter.export.arguments import (
 )
 from etkit_exporter.export.average_pools import vgf_average_pools
 from etkit_exporter.export.lowering import (
-    collect_sampler_lowering,
+    lowering_to,
     program_for_target,
     sampler_paths,
     strip_build_paths,
     target_backend,
-    xnnpack_patterns_only_where_they_match,
 )
 from etkit_exporter.export.maxima import channel_maxima_last
 from etkit_exporter.export.pass_profile import PassProfile, profiled
@@ -311,7 +310,6 @@ def export_model(
             _sigterm_as_exit(),
             Staging(destination) as staging,
             shared_provenance(),
-            xnnpack_patterns_only_where_they_match(),
             profiled(stages.profile),  # timings.json's profile_s (etkit-export --profile)
         ):
             result = _run(
@@ -639,7 +637,7 @@ def _lower(
     # keep_activation_bounds: the Arm backend drops a ReLU before a quantize it assumes clips
     # at 0; etkit's fixed qspecs (SNORM8) do not.
     layout_passes = [keep_activation_bounds, channels_last] if target == "vgf" else []
-    with stages.stage("lower_main"), collect_sampler_lowering(in_vgf) as segments:
+    with stages.stage("lower_main"), lowering_to(in_vgf) as segments:
         manager = to_edge_transform_and_lower(
             program,
             partitioner=[policies],
