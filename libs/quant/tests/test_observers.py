@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.fx import GraphModule
 
 from etkit_quant import observer_states, quantize
-from etkit_quant.graph import is_dequantize, is_quantize
+from etkit_quant.graph import attribute, is_dequantize, is_quantize
 
 
 class Net(torch.nn.Module):
@@ -48,10 +48,9 @@ def _qparams(converted: GraphModule) -> list[tuple[float, int]]:
 
 
 def _weights(converted: GraphModule) -> list[torch.Tensor]:
-    constants = [converted.get_buffer(str(n.target)) if "." not in str(n.target) else
-                 converted.get_parameter(str(n.target))
-                 for n in converted.graph.nodes if n.op == "get_attr"]  # fmt: skip
-    return [c for c in constants if c.dtype == torch.int8]
+    constants = [attribute(converted, str(n.target)) for n in converted.graph.nodes
+                 if n.op == "get_attr"]  # fmt: skip
+    return [c for c in constants if isinstance(c, torch.Tensor) and c.dtype == torch.int8]
 
 
 @pytest.mark.slow

@@ -95,7 +95,7 @@ def program_for_target(program: ExportedProgram, target: str) -> ExportedProgram
 
 
 # The op every pattern graph of XNNPACK's ConvertToSDPAPass holds (its softmax): a graph without
-# one holds no match (tests/test_xnnpack_patterns.py checks it of upstream's patterns).
+# one holds no match (apps/exporter/tests/test_xnnpack_patterns.py checks upstream's patterns).
 SDPA_PATTERN_OP: Final = exir_ops.edge.aten._softmax.default
 
 
