@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from etkit_exporter import ExportResult, export_model
+from etkit_exporter.check.bundle import BundleCase
 from etkit_exporter.core.io_params import program_input
+from etkit_exporter.export import scenarios
 from etkit_exporter.export.demos import DEMOS
 from etkit_exporter.programs import built_in_backends, load_program
 from etkit_exporter.vgf.scenario import run_scenario
@@ -131,6 +133,34 @@ def test_scenario_is_bit_identical_to_the_runner(exported: Any, name: str) -> No
     differing = [_differing(a, b) for a, b in zip(outputs, expected_outputs, strict=True)]
     print(f"{name}: values differing per output {differing} of {[a.size for a in outputs]}")
     assert differing == [0] * len(outputs)
+
+
+def test_the_check_takes_the_verified_run_of_the_same_inputs(
+    exported: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export with --verify checks its scenario against the outputs its verification's run
+    gave (no second run of the program: on VGF, a scenario_runner process), and only when that
+    run's inputs are the scenario's, bit for bit; otherwise it runs the program."""
+    result = exported("flow-warp")
+    inputs = _program_inputs(result)
+    verified = BundleCase("forward", inputs, _runner_outputs(result, inputs))
+    folder = tmp_path / "scenario"
+    shutil.copytree(result.artifacts_root / SCENARIO_DIR, folder)
+
+    def no_run(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the program was run again")
+
+    monkeypatch.setattr(scenarios, "load_program", no_run)
+    section = scenarios.checked_scenario(
+        result.artifacts_root, folder, inputs, "forward", {"written": True}, verified
+    )
+    assert section["written"] and "equal the program's" in section["checked"], section
+    other = [x.clone() for x in inputs]
+    other[0][(0,) * other[0].dim()] += 1
+    with pytest.raises(AssertionError, match="run again"):
+        scenarios.checked_scenario(
+            result.artifacts_root, folder, other, "forward", {"written": True}, verified
+        )
 
 
 def _simulate(scenario: dict[str, Any]) -> None:

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_exporter import ExportError, export_model
+from etkit_exporter.core.targets import VGF_TOSA_SPEC
 from etkit_exporter.export.arguments import (
     CALIBRATED,
-    VGF_TOSA_SPEC,
     QuantOptions,
     UnproducibleQspecError,
 )

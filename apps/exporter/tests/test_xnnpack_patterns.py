@@ -1,6 +1,9 @@
-"""``xnnpack_patterns_only_where_they_match``: two XNNPACK preprocess passes skip pattern matching
-that cannot change the graph (their pattern graphs cost about 6 s of every new process's first
-XNNPACK export), and the program is the same bytes with and without it."""
+"""The lowering's two shortcuts past upstream work that cannot change a program:
+``xnnpack_patterns_only_where_they_match`` (two XNNPACK preprocess passes skip pattern matching
+that cannot change the graph; their pattern graphs cost about 6 s of every new process's first
+XNNPACK export) and ``cia_ops_materialized_once`` (torch's decompositions materialize their ops
+again only when the dispatcher's registrations changed). The program is the same bytes with and
+without them."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._export.utils as export_utils
 import torch.nn.functional as F
 from executorch.backends.xnnpack._passes.convert_to_sdpa import ConvertToSDPAPass
 from executorch.backends.xnnpack._passes.convert_to_upsample_bilinear2d import (
@@ -19,7 +23,11 @@ from executorch.exir.dialects._ops import ops as exir_ops
 
 from etkit_exporter import export_model
 from etkit_exporter.export import lowering
-from etkit_exporter.export.lowering import SDPA_PATTERN_OP, xnnpack_patterns_only_where_they_match
+from etkit_exporter.export.lowering import (
+    SDPA_PATTERN_OP,
+    cia_ops_materialized_once,
+    xnnpack_patterns_only_where_they_match,
+)
 
 
 def _ops(graph_module: torch.fx.GraphModule) -> list[object]:
@@ -77,5 +85,40 @@ def test_export_is_byte_identical_with_and_without(
     )
     skipped = export_model(model, inputs, artifacts_root=tmp_path / "skipped", target="xnnpack")
     monkeypatch.setattr(lowering, "xnnpack_patterns_only_where_they_match", contextlib.nullcontext)
+    monkeypatch.setattr(lowering, "cia_ops_materialized_once", contextlib.nullcontext)
     matched = export_model(model, inputs, artifacts_root=tmp_path / "matched", target="xnnpack")
     assert skipped.pte_path.read_bytes() == matched.pte_path.read_bytes()
+
+
+def test_cia_ops_are_materialized_again_only_for_new_registrations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside the block, torch's collection of CompositeImplicitAutograd ops (what
+    ``run_decompositions`` walks, once per op namespace) materializes them once, and again
+    when an op is registered meanwhile, which the collection then holds; the function it
+    replaced is back after the block, also when it raises."""
+    upstream = export_utils._materialize_cpp_cia_ops
+    runs: list[int] = []
+
+    def counted() -> None:
+        runs.append(1)
+        upstream()
+
+    monkeypatch.setattr(export_utils, "_materialize_cpp_cia_ops", counted)
+    monkeypatch.setattr(lowering, "_cia_materialized", None)
+    export_utils._collect_all_valid_cia_ops()
+    walked = len(runs)
+    assert walked > 1  # upstream: once per namespace walked
+    with pytest.raises(RuntimeError), cia_ops_materialized_once():
+        with cia_ops_materialized_once():  # re-entrant
+            export_utils._collect_all_valid_cia_ops()
+            export_utils._collect_all_valid_cia_ops()
+        assert len(runs) == walked + 1
+        library = torch.library.Library("etkit_cia_test", "DEF")
+        library.define("double(Tensor x) -> Tensor")
+        library.impl("double", lambda x: x * 2, "CompositeImplicitAutograd")
+        collected = export_utils._collect_all_valid_cia_ops()
+        assert len(runs) == walked + 2
+        assert torch.ops.etkit_cia_test.double.default in collected
+        raise RuntimeError("a failing stage")
+    assert export_utils._materialize_cpp_cia_ops is counted

@@ -72,7 +72,7 @@ class _Parser(ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    from etkit_exporter.export.arguments import TARGETS, VGF_TOSA_SPEC
+    from etkit_exporter.core.targets import TARGETS, VGF_TOSA_SPEC
     from etkit_exporter.export.demos import DEMOS
 
     parser = _Parser(

@@ -1,6 +1,7 @@
 """The arguments of ``export_model`` checked before any work: the model and its example
 inputs, the target, the TOSA specification, the quantization options and extra artifacts; and
-the names the command line shares (``TARGETS``, ``VGF_TOSA_SPEC``)."""
+the names the command line shares (``TARGETS``, ``VGF_TOSA_SPEC``, from
+``etkit_exporter.core.targets``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_exporter.artifact.etrecord import RECORD_CONTENTS
 from etkit_exporter.core.diagnostics import root_cause
+from etkit_exporter.core.targets import TARGETS, VGF_TOSA_SPEC
 from etkit_quant import check_calibration
 from etkit_quant.boundary import GRID_MATHS
 from etkit_quant.graph import is_grid_sampler
@@ -25,12 +27,6 @@ if TYPE_CHECKING:
     pass
 
 logger = logging.getLogger(__name__)
-
-
-TARGETS: Final = ("vgf", "xnnpack")
-
-
-VGF_TOSA_SPEC: Final = "TOSA-1.0+INT+FP+int16"
 
 
 StageCallback = Callable[[str, float], None]

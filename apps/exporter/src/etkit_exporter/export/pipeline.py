@@ -435,15 +435,16 @@ def _run(
         tolerance=tolerance, float_export=not quant.enabled, intermediates=intermediates,
         full_record=full_record,
     )  # fmt: skip
-    if bundle and run is not None and verification is not None:
-        _bundle(work, io_params, target, verification, [_case(run), *size_cases], stages)
+    cases = [_case(run), *size_cases] if run is not None else []  # the verified runs
+    if bundle and cases and verification is not None:
+        _bundle(work, io_params, target, verification, cases, stages)
     scenario_section = None
     if scenario:  # the whole program as one Vulkan scenario per method (docs/scenario.md)
-        with stages.stage("scenario"):
-            scenario_section = export_scenario(work, inputs, io_params)
+        with stages.stage("scenario"):  # each checked against its verified run, if any
+            scenario_section = export_scenario(work, inputs, io_params, runs=cases)
             if len(methods) > 1:
                 scenario_section["methods"] = {
-                    m.name: export_scenario(work, m.inputs, m.io_params, m.name)
+                    m.name: export_scenario(work, m.inputs, m.io_params, m.name, cases)
                     for m in methods[1:]
                 }
     report = _report(
