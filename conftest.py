@@ -20,6 +20,7 @@ DDP test whose gloo ranks deadlocked at exit was the hang it found."""
 from __future__ import annotations
 
 import faulthandler
+import hashlib
 import os
 import signal
 import threading
@@ -34,8 +35,8 @@ import pytest
 TEST_LIMIT_SECONDS: Final = 600.0
 
 FILE_SECONDS: Final = {
-    "tests/test_real_models.py": 320,
-    "tests/test_packaging.py": 160,
+    "tests/test_real_models.py": 220,
+    "tests/test_packaging.py": 90,
     "tests/test_fuzz.py": 100,
     "apps/exporter/tests/test_verdict.py": 250,
     "apps/exporter/tests/test_export.py": 200,
@@ -58,7 +59,34 @@ def _file(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+# Upstream sentinels, the tests named ``test_upstream_*``: facts of the pinned ExecuTorch, torch
+# and torchao that an etkit workaround rests on (upstream's Arm backend clamps int8 at -128,
+# XNNPACK misreads an unannotated in-place ReLU, ...). They can change only with the lock,
+# requirements/constraints.txt, so the suite leaves them to `pytest -m extended` while the lock
+# is the one they last passed on (UPSTREAM_CHECKED holds its sha256; scripts/lock.sh runs them
+# after locking and writes it when they pass), and runs them when it is not. 14 tests, about
+# 2 minutes of CI.
+SENTINEL_PREFIX: Final = "test_upstream_"
+_ROOT: Final = Path(__file__).resolve().parent
+UPSTREAM_CHECKED: Final = _ROOT / "tests" / "upstream_checked.sha256"
+LOCK: Final = _ROOT / "requirements" / "constraints.txt"
+
+
+def sentinels_checked(lock: Path = LOCK, record: Path = UPSTREAM_CHECKED) -> bool:
+    """Whether the upstream sentinels passed on this lock: ``record``'s first word is the
+    sha256 of ``lock``."""
+    if not lock.is_file() or not record.is_file():
+        return False
+    words = record.read_text().split()
+    return bool(words) and words[0] == hashlib.sha256(lock.read_bytes()).hexdigest()
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if sentinels_checked():
+        for item in items:
+            if getattr(item, "originalname", item.name).startswith(SENTINEL_PREFIX):
+                item.add_marker(pytest.mark.extended)
     counts = Counter(_file(item) for item in items)
     first = {}
     for index, item in enumerate(items):

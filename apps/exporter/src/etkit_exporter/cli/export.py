@@ -561,10 +561,10 @@ def _model_from(args: argparse.Namespace) -> tuple[torch.nn.Module, tuple[torch.
 
     shapes = [parse_shape(s) for s in args.input_shape]
     if args.tosa_spec is not None:
+        if args.target != "vgf":  # answered before the Arm backend is imported (seconds)
+            raise UsageError("--tosa-spec applies to --target vgf only")
         from etkit_exporter.export.arguments import check_tosa_spec
 
-        if args.target != "vgf":
-            raise UsageError("--tosa-spec applies to --target vgf only")
         check_tosa_spec(args.tosa_spec, args.target, not args.no_quant)
     if args.inputs is not None and shapes:
         raise UsageError("give --inputs or --input-shape, not both")
