@@ -29,6 +29,11 @@ done
 
 "$root/scripts/setup.sh" --no-run
 bin="$root/.venv/bin"
+# One mypy cache for every package: each package's check analyzes torch, torchao and ExecuTorch
+# (and the libraries below it) as its dependencies, and a cache of their own made each package's
+# first check do that again: 137 -> 37 s for the six on a fresh clone. mypy keeps a module's
+# cache entry only for the options it was checked with, so each package's settings still apply.
+mypy_cache=(--cache-dir "$root/.mypy_cache")
 # Two workers (the CI machine has 2 cores), each test file on one worker, so that a file's
 # module-scoped exports are made once; ETKIT_TEST_WORKERS=0 runs in this process.
 workers="${ETKIT_TEST_WORKERS:-2}"
@@ -48,7 +53,7 @@ if ((${#packages[@]} == 0)); then
   "$bin/ruff" format --check .
   for pkg in "${all_packages[@]}"; do
     echo "[check] mypy --strict $pkg"
-    (cd "$pkg" && "$bin/mypy" --strict src)
+    (cd "$pkg" && "$bin/mypy" --strict "${mypy_cache[@]}" src)
   done
   echo "[check] pytest"
   "${pytest_cmd[@]}" "$@"
@@ -60,7 +65,7 @@ for pkg in "${packages[@]}"; do
   "$bin/ruff" check "$pkg"
   "$bin/ruff" format --check "$pkg"
   echo "[check] $pkg: mypy --strict"
-  (cd "$pkg" && "$bin/mypy" --strict src)
+  (cd "$pkg" && "$bin/mypy" --strict "${mypy_cache[@]}" src)
   echo "[check] $pkg: pytest (from $pkg, with its own settings)"
   (cd "$pkg" && "${pytest_cmd[@]}" "$@")
 done
