@@ -122,8 +122,42 @@ def _sdpa(self: ConvertToSDPAPass, graph_module: GraphModule) -> PassResult:
     return _retraced(self, ConvertToSDPAPass, graph_module)
 
 
-_patterns_lock = threading.Lock()
-_patterns_depth = 0
+class _PatchedWhileEntered:
+    """A patch of upstream code installed while any thread is inside one of its blocks
+    (re-entrant): ``install`` when the first block is entered, ``restore`` when the last one is
+    left, also when it raises."""
+
+    def __init__(self, install: Callable[[], None], restore: Callable[[], None]) -> None:
+        self._install, self._restore = install, restore
+        self._lock = threading.Lock()
+        self._depth = 0
+
+    @contextmanager
+    def entered(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth == 0:
+                self._install()
+            self._depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._restore()
+
+
+def _skip_pattern_matching() -> None:
+    ConvertToUpsampleBilinear2d.call = _bilinear
+    ConvertToSDPAPass.call = _sdpa
+
+
+def _match_patterns() -> None:
+    ConvertToUpsampleBilinear2d.call = _bilinear_call
+    ConvertToSDPAPass.call = _sdpa_call
+
+
+_patterns = _PatchedWhileEntered(_skip_pattern_matching, _match_patterns)
 
 
 @contextmanager
@@ -142,25 +176,10 @@ def xnnpack_patterns_only_where_they_match() -> Iterator[None]:
 
     ``apps/exporter/tests/test_xnnpack_patterns.py`` checks both facts against the installed
     patterns."""
-    global _patterns_depth
-
-    with _patterns_lock:
-        if _patterns_depth == 0:
-            ConvertToUpsampleBilinear2d.call = _bilinear
-            ConvertToSDPAPass.call = _sdpa
-        _patterns_depth += 1
-    try:
+    with _patterns.entered():
         yield
-    finally:
-        with _patterns_lock:
-            _patterns_depth -= 1
-            if _patterns_depth == 0:
-                ConvertToUpsampleBilinear2d.call = _bilinear_call
-                ConvertToSDPAPass.call = _sdpa_call
 
 
-_cia_lock = threading.Lock()
-_cia_depth = 0
 _cia_upstream: Callable[[], None] = export_utils._materialize_cpp_cia_ops
 _cia_materialized: tuple[str, ...] | None = None
 
@@ -189,20 +208,22 @@ def cia_ops_materialized_once() -> Iterator[None]:
     The ``getattr`` only creates the op objects that are not there yet, so doing it again for
     the same registrations changes nothing; a new registration (a library loaded meanwhile) is
     materialized as upstream would."""
-    global _cia_depth, _cia_upstream
-
-    with _cia_lock:
-        if _cia_depth == 0:
-            _cia_upstream = export_utils._materialize_cpp_cia_ops
-            export_utils._materialize_cpp_cia_ops = _materialize_cia_ops_when_registered
-        _cia_depth += 1
-    try:
+    with _cia.entered():
         yield
-    finally:
-        with _cia_lock:
-            _cia_depth -= 1
-            if _cia_depth == 0:
-                export_utils._materialize_cpp_cia_ops = _cia_upstream
+
+
+def _materialize_once() -> None:
+    global _cia_upstream
+
+    _cia_upstream = export_utils._materialize_cpp_cia_ops  # what it replaces, restored after
+    export_utils._materialize_cpp_cia_ops = _materialize_cia_ops_when_registered
+
+
+def _materialize_as_upstream() -> None:
+    export_utils._materialize_cpp_cia_ops = _cia_upstream
+
+
+_cia = _PatchedWhileEntered(_materialize_once, _materialize_as_upstream)
 
 
 @contextmanager

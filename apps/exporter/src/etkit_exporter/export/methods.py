@@ -151,8 +151,9 @@ def _outputs(pte: Path, method: str, inputs: list[torch.Tensor], target: str) ->
     return list(loaded.execute(inputs))
 
 
-def _same(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> str | None:
-    """Why two runs' outputs differ (``None`` when every output is equal, bit for bit)."""
+def why_different(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> str | None:
+    """Why two runs' tensors differ (``None`` when each is equal, bit for bit); as many of
+    each."""
     for k, (x, y) in enumerate(zip(a, b, strict=True)):
         if x.shape != y.shape or x.dtype != y.dtype:
             return f"output {k} is {x.dtype} {list(x.shape)} against {y.dtype} {list(y.shape)}"
@@ -316,7 +317,7 @@ def _verify_method(
         entry = _entry(method.name, method.size, run.verification["verdict"], "verify_export")
         entry["records"] = _keep_records(folder, pte.parent / METHODS_FOLDER / method.name)
         written = _outputs(pte, method.name, list(run.inputs), target)
-        why = _same(written, run.outputs)
+        why = why_different(written, run.outputs)
         if why is not None:
             entry.update(result="fail", differs=f"the written program's method: {why}")
         else:
