@@ -35,6 +35,7 @@ from torchao.quantization.pt2e.quantizer import (
 
 from etkit_quant.biases import snap_biases_while_training, unsnap_biases
 from etkit_quant.boundary import ANNOTATION_KEY, BoundaryQuantizer, own_constants, user_inputs
+from etkit_quant.conv_bn_fold import conv_bn_folds_only_where_they_match
 from etkit_quant.graph import attribute, is_grid_sampler, operator_name
 from etkit_quant.normalize import normalize_program
 from etkit_quant.qspecs import (
@@ -244,7 +245,10 @@ def convert_qat(prepared: GraphModule) -> GraphModule:
     model.meta.pop(_OBSERVING_KEY, None)
     arm = bool(model.meta.pop(_ARM_KEY, False))
     unsnap_biases(model)  # snap_float_biases rounds them again, on the converted scales
-    converted: GraphModule = convert_pt2e(model)
+    with (
+        conv_bn_folds_only_where_they_match()
+    ):  # torchao's fold, without patterns that cannot match
+        converted: GraphModule = convert_pt2e(model)
     move_exported_model_to_eval(converted)  # (already eval: a no-op kept for the contract)
     fit_to_backend(converted, arm)  # as quantize
     return converted

@@ -13,6 +13,7 @@ from torchao.quantization.pt2e.quantizer import Quantizer
 from etkit_quant.biases import snap_float_biases
 from etkit_quant.boundary import BoundaryQuantizer, own_constants, user_inputs
 from etkit_quant.calibration import OnSample, check_calibration
+from etkit_quant.conv_bn_fold import conv_bn_folds_only_where_they_match
 from etkit_quant.narrow_ranges import clamp_narrow_ranges
 from etkit_quant.observers import ObserverStates, load_observer_states
 from etkit_quant.requantize import requantize_shared_inputs
@@ -114,6 +115,7 @@ def quantize(
                     on_sample(done, len(samples))
     if on_calibrated is not None:
         on_calibrated(prepared)
-    converted: GraphModule = convert_pt2e(prepared)
+    with conv_bn_folds_only_where_they_match():  # a batch norm left alone: no 108 exports
+        converted: GraphModule = convert_pt2e(prepared)
     fit_to_backend(converted, arm_lowering(quantizer))
     return converted
