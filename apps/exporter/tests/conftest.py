@@ -20,27 +20,27 @@ def _arm_tools_found() -> None:
 
 
 # Runs etkit-export's main() on each argument list in ONE fresh interpreter (torch and
-# ExecuTorch imported once, not once per case): each case's exit status and stderr, as a
-# separate process per case would see them.
+# ExecuTorch imported once, not once per case): each case's exit status, stderr and stdout, as
+# a separate process per case would see them.
 _BATCH = """
 import contextlib, io, json, sys
 from etkit_exporter.cli.export import main
 runs = []
 for argv in json.loads(sys.argv[1]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:
             code = main(argv)
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else 1
-    runs.append({"code": code, "stderr": err.getvalue()})
+    runs.append({"code": code, "stderr": err.getvalue(), "stdout": out.getvalue()})
 print(json.dumps(runs))
 """
 
 
 def run_cli_batch(cases: list[list[str]], cwd: Path) -> list[dict[str, Any]]:
     """``etkit-export`` on each of ``cases`` (argument lists), in one process in ``cwd``: a
-    ``{"code", "stderr"}`` per case."""
+    ``{"code", "stderr", "stdout"}`` per case."""
     done = subprocess.run(
         [sys.executable, "-c", _BATCH, json.dumps(cases)],
         cwd=cwd, capture_output=True, text=True, check=False, timeout=600,

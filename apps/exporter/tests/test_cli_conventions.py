@@ -12,6 +12,7 @@ import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -170,16 +171,22 @@ def test_bad_config_files(
     assert message in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_config_reproduces_an_export(tmp_path: Path) -> None:
+def test_config_reproduces_an_export(tmp_path: Path, cli_batch: Any) -> None:
     """Every export writes export.toml; exporting from it gives the same program, and options
     on the command line override it. Also: --tosa-spec reaches the VGF lowering and -i moves
-    the intermediates."""
-    first = _cli(
-        "demo", "resample", "-t", "vgf", "--tosa-spec", "TOSA-1.0+INT+int16",
-        "--quant-output", "snorm8", "--quant-output", "q0.7", "-o", "first", "-i", "inter",
-        cwd=tmp_path,
+    the intermediates. (The four calls run one after another in one process.)"""
+    (tmp_path / "c.toml").write_text('demo = "resample"\ntarget = "vgf"\nout = "third"\n')
+    first, again, overridden, done = cli_batch(
+        [
+            ["demo", "resample", "-t", "vgf", "--tosa-spec", "TOSA-1.0+INT+int16",
+             "--quant-output", "snorm8", "--quant-output", "q0.7", "-o", "first", "-i", "inter"],
+            ["--config", "first/export.toml", "-o", "second", "-i", "inter2"],
+            ["--config", "first/export.toml", "-t", "xnnpack", "-o", "x"],
+            ["--config", "c.toml", "-t", "xnnpack"],
+        ],
+        tmp_path,
     )  # fmt: skip
-    assert first.returncode == 0, first.stderr[-2000:]
+    assert first["code"] == 0, first["stderr"][-2000:]
     config = (tmp_path / "first" / "export.toml").read_text()
     assert 'demo = "resample"' in config and 'tosa-spec = "TOSA-1.0+INT+int16"' in config
     assert 'quant-output = ["snorm8", "q0.7"]' in config and 'intermediates = "inter"' in config
@@ -189,19 +196,16 @@ def test_config_reproduces_an_export(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "first" / "report.json").read_text())
     assert report["tosa_spec"] == "TOSA-1.0+INT+int16"
 
-    again = _cli("--config", "first/export.toml", "-o", "second", "-i", "inter2", cwd=tmp_path)
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert again["code"] == 0, again["stderr"][-2000:]
     for name in ("model.pte", "io_quant_params.json"):
         assert (tmp_path / "first" / name).read_bytes() == (tmp_path / "second" / name).read_bytes()
     second = (tmp_path / "second" / "export.toml").read_text()
     assert second == config.replace('"first"', '"second"').replace('"inter"', '"inter2"')
 
-    overridden = _cli("--config", "first/export.toml", "-t", "xnnpack", "-o", "x", cwd=tmp_path)
-    assert overridden.returncode == 2  # --tosa-spec from the file does not apply to xnnpack
-    assert "--tosa-spec applies to --target vgf only" in overridden.stderr
-    (tmp_path / "c.toml").write_text('demo = "resample"\ntarget = "vgf"\nout = "third"\n')
-    done = _cli("--config", "c.toml", "-t", "xnnpack", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert overridden["code"] == 2  # --tosa-spec from the file does not apply to xnnpack
+    assert "--tosa-spec applies to --target vgf only" in overridden["stderr"]
+    assert not (tmp_path / "x").exists()
+    assert done["code"] == 0, done["stderr"][-2000:]
     assert json.loads((tmp_path / "third" / "report.json").read_text())["target"] == "xnnpack"
 
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 import torch
@@ -174,16 +174,33 @@ def test_stn_xnnpack_api_verifies(tmp_path: Path) -> None:
 
 
 # (the STN for VGF through the API, verified: test_stn_vgf_verifies_on_vulkan)
-@pytest.mark.parametrize(
-    ("demo", "target", "extra"),
-    [("stn", "xnnpack", []), ("resample", "vgf", []), ("resample", "xnnpack", ["--verify"])],
-)
-def test_cli_exports_demo(tmp_path: Path, demo: str, target: str, extra: list[str]) -> None:
-    done = _run_cli("demo", demo, "--target", target, "--out", "out", *extra, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "partitions:" in done.stdout and "artifacts:" in done.stdout
-    assert (tmp_path / "out" / "model.pte").stat().st_size > 0
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
+DEMO_CASES: Final = [
+    ("stn", "xnnpack", []), ("resample", "vgf", []), ("resample", "xnnpack", ["--verify"])
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def demo_cli_runs(
+    tmp_path_factory: pytest.TempPathFactory, cli_batch: Any
+) -> tuple[Path, list[dict[str, Any]]]:
+    """``etkit-export demo ...`` for each of ``DEMO_CASES``, one after another in one process."""
+    folder = tmp_path_factory.mktemp("demos")
+    cases = [
+        ["demo", demo, "--target", target, "--out", f"{demo}-{target}", *extra]
+        for demo, target, extra in DEMO_CASES
+    ]
+    return folder, cli_batch(cases, folder)
+
+
+@pytest.mark.parametrize("case", range(len(DEMO_CASES)), ids=lambda i: "-".join(DEMO_CASES[i][:2]))
+def test_cli_exports_demo(demo_cli_runs: tuple[Path, list[dict[str, Any]]], case: int) -> None:
+    demo, target, extra = DEMO_CASES[case]
+    folder, runs = demo_cli_runs
+    done, out = runs[case], folder / f"{demo}-{target}"
+    assert done["code"] == 0, done["stderr"][-2000:]
+    assert "partitions:" in done["stdout"] and "artifacts:" in done["stdout"]
+    assert (out / "model.pte").stat().st_size > 0
+    report = json.loads((out / "report.json").read_text())
     assert report["target"] == target
     if target == "vgf":  # each sampler inside the VGF or, with the reason, in etkit's delegate
         paths = report["grid_sampler_paths"]
@@ -193,7 +210,7 @@ def test_cli_exports_demo(tmp_path: Path, demo: str, target: str, extra: list[st
     else:
         assert report["grid_samplers"]
     if "--verify" in extra:
-        assert "PSNR" in done.stdout
+        assert "PSNR" in done["stdout"]
         quantized = [
             c
             for c in report["verification"]["comparisons"]
