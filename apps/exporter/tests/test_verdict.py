@@ -296,23 +296,28 @@ def test_sampling_positions_in_pixels_of_the_image_sampled() -> None:
 
 
 @pytest.fixture(scope="module")
-def failed_cli(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+def failed_cli(tmp_path_factory: pytest.TempPathFactory, cli_batch: Any) -> tuple[Path, Any]:
     """``etkit-export`` with a tolerance the program does not meet (no value may be a step
-    off; the flow-warp demo is 1 step off at some pixels), into an absolute --out."""
+    off; the flow-warp demo is 1 step off at some pixels), into an absolute --out; then, in the
+    same process, an export into that --out without --force (``{"code", "stderr", "stdout"}``
+    of each)."""
     cwd = tmp_path_factory.mktemp("failed")
     out = cwd / "warp"
-    done = _cli(
-        "demo", "flow-warp", "-t", "xnnpack", "--out", str(out),
-        "--verify-tolerance", "max-steps=0",
-        cwd=cwd,
+    runs = cli_batch(
+        [
+            ["demo", "flow-warp", "-t", "xnnpack", "--out", str(out),
+             "--verify-tolerance", "max-steps=0"],
+            ["demo", "resample", "-t", "xnnpack", "--out", str(out), "--verify"],
+        ],
+        cwd,
     )  # fmt: skip
-    return out, done
+    return out, runs
 
 
 def test_failed_verification_exits_1_with_one_line_per_fact(failed_cli: tuple[Path, Any]) -> None:
-    out, done = failed_cli
-    assert done.returncode == 1, done.stderr[-3000:]
-    lines = [line for line in done.stderr.splitlines() if line.startswith("etkit-export: ")]
+    out, (done, _) = failed_cli
+    assert done["code"] == 1, done["stderr"][-3000:]
+    lines = [line for line in done["stderr"].splitlines() if line.startswith("etkit-export: ")]
     assert lines[0].startswith("etkit-export: verification failed")
     assert any(
         line.startswith("etkit-export: output 0 vs the quantized PT2E model") for line in lines
@@ -320,7 +325,7 @@ def test_failed_verification_exits_1_with_one_line_per_fact(failed_cli: tuple[Pa
     assert any("first divergence: instruction" in line for line in lines), lines
     kept = failed_folder(out)
     assert any(str(kept) in line for line in lines)
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in done["stderr"]
 
 
 def test_failed_verification_is_kept_beside_never_in_place(failed_cli: tuple[Path, Any]) -> None:
@@ -351,25 +356,23 @@ def test_export_toml_holds_no_absolute_path(failed_cli: tuple[Path, Any]) -> Non
 def test_earlier_failed_export_replaced_only_with_force(failed_cli: tuple[Path, Any]) -> None:
     """The failed folder is an etkit export like any other: an export that would keep another
     failure there is refused before any work without --force."""
-    out, _ = failed_cli
-    refused = _cli(
-        "demo", "resample", "-t", "xnnpack", "--out", str(out), "--verify", cwd=out.parent
-    )
-    assert refused.returncode == 2, refused.stderr[-2000:]
-    assert "failed-verification holds an earlier etkit export" in refused.stderr
+    out, (_, refused) = failed_cli  # (the fixture's second run)
+    assert refused["code"] == 2, refused["stderr"][-2000:]
+    assert "failed-verification holds an earlier etkit export" in refused["stderr"]
     assert not out.exists()
 
 
-def test_etkit_inspect_shows_the_verdict(failed_cli: tuple[Path, Any]) -> None:
+def test_etkit_inspect_shows_the_verdict(
+    failed_cli: tuple[Path, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from etkit_exporter.cli.main import main
+
     out, _ = failed_cli
     kept = failed_folder(out)
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "etkit"), "inspect", str(kept), "--no-report"],
-        capture_output=True, text=True, check=False, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "verification verdict: fail" in done.stdout
-    assert "first divergence: instruction" in done.stdout
+    assert main(["inspect", str(kept), "--no-report"]) == 0
+    printed = capsys.readouterr().out
+    assert "verification verdict: fail" in printed
+    assert "first divergence: instruction" in printed
 
 
 # -- a sabotaged grid sampler: found at its own delegate --------------------------------------
