@@ -200,7 +200,11 @@ def _simulate(scenario: dict[str, Any]) -> None:
                 visible[memory(ref)] = set()
 
 
-@pytest.mark.parametrize("name", ["flow-warp", "stereo-depth"])
+# resample's program (a VGF and two dispatches of etkit's shader, exported for the tests above)
+# in CI; the stereo-depth network's (35 s of export) on demand
+@pytest.mark.parametrize(
+    "name", ["flow-warp", "resample", pytest.param("stereo-depth", marks=pytest.mark.extended)]
+)
 def test_scenario_structure_and_report(exported: Any, name: str) -> None:
     result = exported(name)
     folder = result.artifacts_root / SCENARIO_DIR
