@@ -12,7 +12,7 @@ import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pytest
@@ -85,21 +85,36 @@ def test_version(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(
-    ("model", "extra", "shapes"),
-    [
-        ("warp.py", [], [[1, 6, 10, 2], [1, 4, 12, 12]]),  # ModelUnderTest and ModelInputs
-        ("warp.py:make", ["--inputs", "inputs.pt"], [[2, 5, 7, 2], [2, 4, 9, 9]]),
-        ("warp.pt2", [], [[1, 6, 10, 2], [1, 4, 12, 12]]),  # the program's example inputs
-        ("warp.pt2", ["--model_input", "same.npz"], [[1, 6, 10, 2], [1, 4, 12, 12]]),
-    ],
-)
+FILE_CASES: Final = [
+    ("warp.py", [], [[1, 6, 10, 2], [1, 4, 12, 12]]),  # ModelUnderTest and ModelInputs
+    ("warp.py:make", ["--inputs", "inputs.pt"], [[2, 5, 7, 2], [2, 4, 9, 9]]),
+    ("warp.pt2", [], [[1, 6, 10, 2], [1, 4, 12, 12]]),  # the program's example inputs
+    ("warp.pt2", ["--model_input", "same.npz"], [[1, 6, 10, 2], [1, 4, 12, 12]]),
+]
+
+
+def _file_out(model: str, extra: list[str]) -> str:
+    return f"out-{model.replace(':', '-')}-{len(extra)}"
+
+
+@pytest.fixture(scope="module")
+def file_exports(models: Path, cli_batch: Any) -> list[dict[str, Any]]:
+    """``etkit-export -m MODEL ... --verify`` for each of ``FILE_CASES``, in one process."""
+    cases = [
+        ["-m", model, *extra, "-t", "xnnpack", "-o", _file_out(model, extra), "--verify"]
+        for model, extra, _ in FILE_CASES
+    ]
+    runs: list[dict[str, Any]] = cli_batch(cases, models)
+    return runs
+
+
+@pytest.mark.parametrize("case", range(len(FILE_CASES)), ids=lambda i: FILE_CASES[i][0])
 def test_models_and_inputs_from_files(
-    models: Path, model: str, extra: list[str], shapes: list[list[int]]
+    models: Path, file_exports: list[dict[str, Any]], case: int
 ) -> None:
-    out = f"out-{model.replace(':', '-')}-{len(extra)}"
-    done = _cli("-m", model, *extra, "-t", "xnnpack", "-o", out, "--verify", cwd=models)
-    assert done.returncode == 0, done.stderr[-2000:]
+    model, extra, shapes = FILE_CASES[case]
+    out, done = _file_out(model, extra), file_exports[case]
+    assert done["code"] == 0, done["stderr"][-2000:]
     assert _io_shapes(models / out) == shapes
     report = json.loads((models / out / "report.json").read_text())
     assert report["target"] == "xnnpack" and len(report["grid_samplers"]) == 1

@@ -323,8 +323,19 @@ def test_prepare_qat_runs_passes_and_applies_the_replacement() -> None:
     assert progress == [(1, 2), (2, 2)]
 
 
-def test_batch_norm_folds_as_upstream() -> None:
-    """A conv and its batch norm train with the fold simulated; the converted model folds it."""
+def test_batch_norm_folds_as_upstream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A conv and its batch norm train with the fold simulated; the converted model folds it,
+    torchao's fold matching only conv2d's patterns (``etkit_quant.conv_bn_fold``)."""
+    from etkit_quant import conv_bn_fold
+
+    matched: list[str] = []
+    helper = conv_bn_fold._original_helper
+
+    def counting(m: GraphModule, conv_fn: Callable[..., object], *args: object) -> GraphModule:
+        matched.append(conv_fn.__name__)
+        return helper(m, conv_fn, *args)
+
+    monkeypatch.setattr(conv_bn_fold, "_original_helper", counting)
     samples = frames(3)
     prepared = prepare_qat(BatchNormWarp(), samples[0], vgf_quantizer(), calibration=samples)
     (norm,) = [n for n in prepared.graph.nodes if "batch_norm" in str(n.target)]
@@ -338,6 +349,7 @@ def test_batch_norm_folds_as_upstream() -> None:
     prepared.eval()
     converted = convert_qat(prepared)
     assert not [n for n in converted.graph.nodes if "batch_norm" in str(n.target)]
+    assert matched == ["conv2d"]  # the other three conv functions' patterns: not exported
     apart = steps_apart(prepared, converted, samples)
     assert apart <= WITHIN_ONE_STEP, f"{apart} steps"  # measured: 1 (float vs int32 biases)
 
