@@ -12,6 +12,7 @@ and XNNPACK failed to run the residual add (error 0x1)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Final
 
 import pytest
 import torch
@@ -64,8 +65,17 @@ def _lower(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Exported
     return lowered.exported_program()
 
 
+# The split VGF path (etkit's sampler delegate between VGFs: --sampler-delegate, no longer the
+# default) for the blend mask and the iterated flow in CI, 17-20 s each; the concat and the
+# residual add on demand (in CI the residual add runs on XNNPACK below, and a concat of
+# pre-sampler features is the real-model zoo's warp-concat, on the one-VGF path)
+SPLIT_IN_CI: Final = ("mask-multiply", "iterated-flow")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize(
+    "name", [n if n in SPLIT_IN_CI else pytest.param(n, marks=pytest.mark.extended) for n in MODELS]
+)
 def test_values_crossing_a_grid_sampler_lower_to_vgf(name: str) -> None:
     make, count = MODELS[name]
     torch.manual_seed(0)
