@@ -201,3 +201,43 @@ def test_the_cli_takes_grid_math_and_prints_the_float_ops(
     (error,) = capsys.readouterr().err.strip().splitlines()
     assert "grid_math must be one of 'float', 'int', got 'fp16'" in error
     assert not (tmp_path / "b").exists()
+
+
+class RifeWarp(FlowEstimator):
+    """The flow converted to grid units channel by channel, as RIFE's warplayer writes it."""
+
+    def forward(self, frame0: torch.Tensor, frame1: torch.Tensor) -> torch.Tensor:
+        flow = self.net(torch.cat([frame0, frame1], 1)) * 16
+        _, _, height, width = flow.shape
+        ys, xs = torch.meshgrid(
+            torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij"
+        )
+        normalized = torch.cat(
+            [flow[:, 0:1] / ((width - 1) / 2), flow[:, 1:2] / ((height - 1) / 2)], 1
+        )
+        positions = (torch.stack((xs, ys), 0).unsqueeze(0) + normalized).permute(0, 2, 3, 1)
+        return F.grid_sample(frame0, positions, padding_mode="border", align_corners=True)
+
+
+@pytest.mark.parametrize("grid_math", ["float", "int"])
+def test_channel_by_channel_scaling_is_one_op_where_it_stays_float(
+    tmp_path: Path, grid_math: str
+) -> None:
+    """Float coordinate arithmetic: RIFE's per-channel slices, divides and cat are one divide by
+    a per-channel constant (``etkit_quant.channel_ops``), reported at the cat's line, and the
+    program verifies; int grid math keeps them as written (each quantized as the model has it)."""
+    torch.manual_seed(5)
+    frames = (torch.rand(1, 3, 12, 16) * 2 - 1, torch.rand(1, 3, 12, 16) * 2 - 1)
+    result = export_model(RifeWarp().eval(), frames, artifacts_root=tmp_path / grid_math,
+                          target="xnnpack", grid_math=grid_math, verify=True)  # fmt: skip
+    assert result.verification is not None and result.verification["verdict"]["result"] == "pass"
+    assert result.converted_model is not None  # the quantized model the program computes
+    converted = [str(n.target) for n in result.converted_model.graph.nodes]
+    slices = [t for t in converted if "slice" in t]
+    ops = {op["op"]: op for op in result.report["float_ops"]["ops"]}
+    if grid_math == "float":
+        assert not slices and not [op for op in ops if "slice" in op or "cat" in op], sorted(ops)
+        divides = [op for name, op in ops.items() if "div" in name]
+        assert len(divides) == 1 and "normalized = torch.cat(" in divides[0]["source"], divides
+    else:
+        assert len(slices) == 2, converted  # flow[:, 0:1], flow[:, 1:2], each divided alone

@@ -17,9 +17,8 @@ torchao does, every pattern exported.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Final
 
 import torch
@@ -27,6 +26,8 @@ import torch.nn.functional as F
 from torch.fx import GraphModule
 from torchao.quantization.pt2e import qat_utils
 from torchao.quantization.pt2e.utils import _is_conv_or_conv_transpose_node
+
+from etkit_quant.patching import PatchedWhileEntered
 
 _aten = torch.ops.aten
 
@@ -81,24 +82,19 @@ def _helper(
     return result
 
 
-_lock = threading.Lock()
-_depth = 0
+def _install() -> None:
+    qat_utils._fold_conv_bn_qat_helper = _helper
 
 
-@contextmanager
-def conv_bn_folds_only_where_they_match() -> Iterator[None]:
+def _restore() -> None:
+    qat_utils._fold_conv_bn_qat_helper = _original_helper
+
+
+_patch = PatchedWhileEntered(_install, _restore)
+
+
+def conv_bn_folds_only_where_they_match() -> AbstractContextManager[None]:
     """While entered, ``convert_pt2e`` matches the batch-norm fold patterns only of the conv
     functions the graph holds. Re-entrant and thread-safe; torchao's helper is back on the last
     exit, also after a raise."""
-    global _depth
-    with _lock:
-        if _depth == 0:
-            qat_utils._fold_conv_bn_qat_helper = _helper
-        _depth += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                qat_utils._fold_conv_bn_qat_helper = _original_helper
+    return _patch.entered()

@@ -478,6 +478,12 @@ def _written_tensor(node: Node) -> Node | None:
     return target
 
 
+def tensor_value(node: object) -> torch.Tensor | None:
+    """The (fake) tensor a node's ``meta["val"]`` holds; ``None`` for anything else."""
+    value = node.meta.get("val") if isinstance(node, Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def is_grid_shaped(node: Node) -> bool:
     """Whether ``node``'s value is shaped like a sampling grid: a floating-point N x H x W x 2
     tensor (``grid_sample``'s grid layout)."""

@@ -68,7 +68,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from etkit_quant.graph import attribute, target_name
+from etkit_quant.channel_ops import channel_ops_of_slices
+from etkit_quant.graph import attribute, target_name, tensor_value
 from etkit_quant.separable import add_where_read, separate, separate_broadcast_stacks
 
 logger = logging.getLogger(__name__)
@@ -171,11 +172,14 @@ def normalize_program(
     *,
     dynamic_shapes: Any = None,
     max_folded_elements: int = MAX_FOLDED_ELEMENTS,
+    channel_ops: bool = False,
 ) -> tuple[ExportedProgram, NormalizationReport]:
     """``program`` normalized (the module's steps, in order) and exported again on
     ``example_inputs`` (with ``dynamic_shapes``, ``torch.export``'s, for a program exported with
     dynamic dimensions), with what changed; ``fold_constants`` folds results of at most
-    ``max_folded_elements`` values. A program with nothing to normalize is returned as it is.
+    ``max_folded_elements`` values; ``channel_ops`` (for a program whose coordinate arithmetic
+    stays float) rewrites its per-channel ops of slices (``channel_ops.channel_ops_of_slices``).
+    A program with nothing to normalize is returned as it is.
     Raises ``TypeError`` for a ``program`` that is not an ``ExportedProgram`` or inputs that
     are not a tuple of tensors."""
     if not isinstance(program, ExportedProgram):
@@ -198,6 +202,8 @@ def normalize_program(
     report.record("drop_metadata_asserts", drop_metadata_asserts(module))
     report.record("drop_noop_views", drop_noop_views(module))
     report.record("slices_of_cat", slices_of_cat(module))
+    if channel_ops:
+        report.record("channel_ops_of_slices", channel_ops_of_slices(module))
     report.record("fold_constants", fold_constants(module, max_folded_elements))
     if dynamic_shapes is not None:  # (a one-size program's grid is folded: fold_constants)
         report.record("broadcast_stacks", separate_broadcast_stacks(module))
@@ -315,9 +321,7 @@ def adaptive_max_pools(module: GraphModule) -> list[str]:
     return changed
 
 
-def _value(node: object) -> torch.Tensor | None:
-    value = node.meta.get("val") if isinstance(node, Node) else None
-    return value if isinstance(value, torch.Tensor) else None
+_value = tensor_value
 
 
 def drop_dead_code(module: GraphModule) -> list[str]:

@@ -81,6 +81,11 @@ class QuantOptions:
     on_sample: Callable[[int, int], None] | None
     grid_math: str = "float"
 
+    @property
+    def float_coordinates(self) -> bool:
+        """Whether the coordinate arithmetic stays float (float grid math, or no quantization)."""
+        return not self.enabled or self.grid_math == "float"
+
 
 def quant_options(
     *,

@@ -5,7 +5,6 @@ that would write build paths into the program."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +37,7 @@ from etkit_gridsampler.vgf_shader import (
 )
 from etkit_partition import instance_norms_as_moments
 from etkit_quant.graph import is_grid_sampler
+from etkit_quant.patching import PatchedWhileEntered
 
 if TYPE_CHECKING:
     pass
@@ -122,31 +122,6 @@ def _sdpa(self: ConvertToSDPAPass, graph_module: GraphModule) -> PassResult:
     return _retraced(self, ConvertToSDPAPass, graph_module)
 
 
-class _PatchedWhileEntered:
-    """A patch of upstream code installed while any thread is inside one of its blocks
-    (re-entrant): ``install`` when the first block is entered, ``restore`` when the last one is
-    left, also when it raises."""
-
-    def __init__(self, install: Callable[[], None], restore: Callable[[], None]) -> None:
-        self._install, self._restore = install, restore
-        self._lock = threading.Lock()
-        self._depth = 0
-
-    @contextmanager
-    def entered(self) -> Iterator[None]:
-        with self._lock:
-            if self._depth == 0:
-                self._install()
-            self._depth += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._depth -= 1
-                if self._depth == 0:
-                    self._restore()
-
-
 def _skip_pattern_matching() -> None:
     ConvertToUpsampleBilinear2d.call = _bilinear
     ConvertToSDPAPass.call = _sdpa
@@ -157,7 +132,7 @@ def _match_patterns() -> None:
     ConvertToSDPAPass.call = _sdpa_call
 
 
-_patterns = _PatchedWhileEntered(_skip_pattern_matching, _match_patterns)
+_patterns = PatchedWhileEntered(_skip_pattern_matching, _match_patterns)
 
 
 @contextmanager
@@ -223,7 +198,7 @@ def _materialize_as_upstream() -> None:
     export_utils._materialize_cpp_cia_ops = _cia_upstream
 
 
-_cia = _PatchedWhileEntered(_materialize_once, _materialize_as_upstream)
+_cia = PatchedWhileEntered(_materialize_once, _materialize_as_upstream)
 
 
 @contextmanager

@@ -507,9 +507,9 @@ def _quantize(
         num_outputs = len(exported.graph_signature.user_outputs)
         check_grid_samplers(exported)
     with stages.stage("normalize"):  # library-built graphs made to look hand-written
-        exported, _normalized = normalize_program(
-            exported, inputs, dynamic_shapes=dynamic, **sizing.fold_limit(plan, target, inputs)
-        )
+        exported, _ = normalize_program(
+            exported, inputs, dynamic_shapes=dynamic, channel_ops=quant.float_coordinates,
+            **sizing.fold_limit(plan, target, inputs))  # fmt: skip
     base, partitioner, spec = target_backend(target, intermediates, tosa_spec)
     if qat is not None:
         with stages.stage("quantize"):

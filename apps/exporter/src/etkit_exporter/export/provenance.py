@@ -24,9 +24,7 @@ run (the IFNet re-creation's XNNPACK export: 879 -> 986 MB peak).
 from __future__ import annotations
 
 import copy
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import Any
 
@@ -34,8 +32,8 @@ import torch
 import torch.fx.traceback as fx_traceback
 from torch.fx.traceback import NodeSource
 
-_lock = threading.Lock()
-_depth = 0
+from etkit_quant.patching import PatchedWhileEntered
+
 _graphs: dict[int, torch.fx.Graph] = {}  # every graph an entry names, while a block runs
 _node_source_init = NodeSource.__init__
 
@@ -63,24 +61,22 @@ def _keeping_graph(self: NodeSource, node: torch.fx.Node | None, *args: Any, **k
     _node_source_init(self, node, *args, **kwargs)
 
 
-@contextmanager
-def shared_provenance() -> Iterator[None]:
+def _share() -> None:
+    fx_traceback.copy = _SharingCopy()  # type: ignore[attr-defined]
+    NodeSource.__init__ = _keeping_graph  # type: ignore[method-assign]
+
+
+def _copy_as_torch() -> None:
+    fx_traceback.copy = copy  # type: ignore[attr-defined]
+    NodeSource.__init__ = _node_source_init  # type: ignore[method-assign]
+    _graphs.clear()
+
+
+_sharing = PatchedWhileEntered(_share, _copy_as_torch)
+
+
+def shared_provenance() -> AbstractContextManager[None]:
     """Within the block, ``NodeSource`` shares provenance entries instead of deep-copying
     them, and keeps the graphs they name alive (re-entrant; restores torch's own behaviour and
     lets the graphs go on exit)."""
-    global _depth
-
-    with _lock:
-        if _depth == 0:
-            fx_traceback.copy = _SharingCopy()  # type: ignore[attr-defined]
-            NodeSource.__init__ = _keeping_graph  # type: ignore[method-assign]
-        _depth += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                fx_traceback.copy = copy  # type: ignore[attr-defined]
-                NodeSource.__init__ = _node_source_init  # type: ignore[method-assign]
-                _graphs.clear()
+    return _sharing.entered()
