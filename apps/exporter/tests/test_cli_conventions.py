@@ -210,6 +210,12 @@ def test_config_reproduces_an_export(tmp_path: Path, cli_batch: Any) -> None:
     assert any("TOSA-1.0+INT+int16" in p.name for p in (tmp_path / "inter").iterdir())
     report = json.loads((tmp_path / "first" / "report.json").read_text())
     assert report["tosa_spec"] == "TOSA-1.0+INT+int16"
+    assert "partitions:" in first["stdout"] and "artifacts:" in first["stdout"]
+    # each sampler inside the VGF or, with the reason, in etkit's delegate
+    paths = report["grid_sampler_paths"]
+    assert paths and {p["path"] for p in paths} <= {"vgf-compute-segment", "etkit-delegate"}
+    own = [p for p in paths if p["path"] == "etkit-delegate"]
+    assert all(p["reason"] for p in own) and len(own) == len(report["grid_samplers"])
 
     assert again["code"] == 0, again["stderr"][-2000:]
     for name in ("model.pte", "io_quant_params.json"):
