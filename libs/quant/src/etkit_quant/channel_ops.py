@@ -26,6 +26,7 @@ from torch.fx import GraphModule, Node
 
 from etkit_quant.graph import coordinate_nodes, target_name
 from etkit_quant.graph import tensor_value as _value
+from etkit_quant.normalize import _constant
 
 _OPS: Final = frozenset(
     {"aten::div.Tensor", "aten::mul.Tensor", "aten::add.Tensor", "aten::sub.Tensor"}
@@ -101,10 +102,7 @@ def channel_ops_of_slices(module: GraphModule) -> list[str]:
                     torch.ops.aten.slice.Tensor, (source, dim, start, end)
                 )
                 operand.meta["val"] = source_value.narrow(dim, start, end - start)
-            name = _free_name(module)
-            module.register_buffer(name, constant)
-            constant_node = module.graph.get_attr(name)
-            constant_node.meta["val"] = constant
+            constant_node = _constant(module, constant, cat.name)
             target = op.target
             assert callable(target)
             merged = module.graph.call_function(target, (operand, constant_node))
@@ -163,10 +161,3 @@ def _parts(
     if op is None or source is None:
         return None
     return op, source, ranges
-
-
-def _free_name(module: GraphModule) -> str:
-    index = 0
-    while hasattr(module, f"_channel_constant_{index}"):
-        index += 1
-    return f"_channel_constant_{index}"

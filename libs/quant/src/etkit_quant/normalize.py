@@ -68,7 +68,6 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from etkit_quant.channel_ops import channel_ops_of_slices
 from etkit_quant.graph import attribute, target_name, tensor_value
 from etkit_quant.separable import add_where_read, separate, separate_broadcast_stacks
 
@@ -203,6 +202,8 @@ def normalize_program(
     report.record("drop_noop_views", drop_noop_views(module))
     report.record("slices_of_cat", slices_of_cat(module))
     if channel_ops:
+        from etkit_quant.channel_ops import channel_ops_of_slices  # (it uses this module's)
+
         report.record("channel_ops_of_slices", channel_ops_of_slices(module))
     report.record("fold_constants", fold_constants(module, max_folded_elements))
     if dynamic_shapes is not None:  # (a one-size program's grid is folded: fold_constants)
