@@ -19,7 +19,6 @@ from etkit_exporter import ExportResult, export_model
 from etkit_exporter.core.io_params import program_input
 from etkit_exporter.export.demos import flow_warp, resample
 from etkit_exporter.programs import load_program
-from etkit_exporter.vgf.scenario import run_scenario
 from etkit_exporter.vgf.scenario_writer import SCENARIO_DIR, SCENARIO_JSON
 from etkit_exporter.vgf.tools import find_tool
 from etkit_gridsampler import GridSampleOp, QParams, cpu
@@ -159,11 +158,11 @@ def test_scenario_of_a_one_vgf_export_is_one_dispatch(exports: dict[str, ExportR
     commands = json.loads((folder / SCENARIO_JSON).read_text())["commands"]
     dispatches = [next(iter(c)) for c in commands if "pipeline_barrier" not in c]
     assert dispatches == ["dispatch_vgf"]  # and no dispatch_compute: the sampler is inside
-    _, inputs = flow_warp()
-    args, expected = _run(flow, inputs)
-    got = run_scenario(folder, args)
-    for a, b in zip(got, expected, strict=True):
-        assert torch.equal(torch.from_numpy(a.copy()).contiguous(), b)
+    # the export ran it on Vulkan and held it to the program's outputs, bit for bit (a
+    # scenario that differs is removed; apps/exporter/tests/test_scenario_export.py checks that
+    # check)
+    section = flow.report["scenario"]
+    assert section["written"] and "equal the program's" in section["checked"], section
 
 
 def test_sampler_whose_buffers_are_not_whole_words_gets_padded_channels_in_the_vgf(

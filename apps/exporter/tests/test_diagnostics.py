@@ -3,9 +3,11 @@ the runtime's own log line when a real program fails to load, reproducible progr
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from torch.fx.passes.infra.pass_manager import PassManager
 from etkit_exporter import ExportError, export_model
 from etkit_exporter.check.verify import verify_program
 from etkit_exporter.core.diagnostics import advice, capture_native_log, root_cause
+from etkit_exporter.export import pipeline
 from etkit_exporter.export.demos import DEMOS
 
 
@@ -87,13 +90,48 @@ def test_runtime_failure_carries_the_runtime_log_line(
     assert log.errors == []
 
 
-def test_exports_are_byte_identical_and_hold_no_build_path(tmp_path: Path) -> None:
-    """Two VGF exports of one model into different folders: the same ``model.pte`` bytes, and no
-    artifact names the folder or the staging folder it was built in."""
+def _one_vgf_report(result: Any, inputs: tuple[torch.Tensor, ...]) -> None:
+    """By default the grid sampler is a compute segment inside the one VGF: one VgfBackend
+    delegate holds it, no etkit grid-sampler delegate, and the report says where it went."""
+    (partition,) = result.report["partitions"]
+    assert partition["backend"] == "VgfBackend"
+    assert partition["ops"].get("aten::grid_sampler_2d") == 1
+    (path,) = result.report["grid_sampler_paths"]
+    assert path["path"] == "vgf-compute-segment" and path["segment"]["grid_dtype"] == "int16"
+    assert result.report["grid_samplers"] == []  # no sampler left to etkit's own delegate
+    for entry in (*result.io_quant_params["inputs"], *result.io_quant_params["outputs"]):
+        assert entry["dim_order"] == [0, 2, 3, 1]  # NHWC at every image boundary, for the GPU
+        assert entry["texture"]["format"] == "R8_SNORM"
+    files = {p.suffix for p in (result.artifacts_root / "intermediates").iterdir()}
+    assert {".vgf", ".tosa"} <= files
+    # its seams: the sampler's compute segment between two graph segments; the RGBA image
+    # (int8) and the grid (2 x int16) go in, the RGBA output comes out
+    (height, width) = inputs[0].shape[-2:]
+    vgf = partition["vgf"]
+    assert (vgf["graph_segments"], vgf["compute_segments"], vgf["graph_to_graph"]) == (2, 1, 0)
+    assert sorted(s["bytes"] for s in vgf["seams"]) == [height * width * 4] * 3
+    assert [s["into_kind"] for s in vgf["seams"]] == ["compute", "compute", "graph"]
+    assert result.report["delegate_seams"] == {"delegate_calls": 1, "values_between_delegates": 0}
+    markdown = (result.artifacts_root / "report.md").read_text()
+    assert "2 graph and 1 compute segments; 3 values between segments" in markdown
+
+
+def test_exports_are_byte_identical_and_hold_no_build_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two VGF exports of the flow-warp demo into different folders: the same ``model.pte``
+    bytes, and no artifact names the folder or the staging folder it was built in; the first
+    is the one VGF its report describes (``_one_vgf_report``). The second is made without
+    etkit's shared provenance (``export.provenance``: node provenance shared, not deep-copied,
+    through the lowering), which must change no byte either."""
     programs = []
     for name in ("first", "second"):
+        if name == "second":
+            monkeypatch.setattr(pipeline, "shared_provenance", contextlib.nullcontext)
         model, inputs = DEMOS["flow-warp"]()
         result = export_model(model, inputs, artifacts_root=tmp_path / name / "out", target="vgf")
+        if name == "first":
+            _one_vgf_report(result, inputs)
         programs.append(result.pte_path.read_bytes())
         for path in (tmp_path / name / "out").rglob("*"):
             if path.is_file() and path.suffix in (".pte", ".json", ".md"):

@@ -133,34 +133,6 @@ def test_report_contents(flow_warp_xnnpack: Any) -> None:
         assert heading in markdown
 
 
-def test_flow_warp_vgf_api(tmp_path: Path) -> None:
-    """By default the grid sampler is a compute segment inside the one VGF: one VgfBackend
-    delegate holds it, no etkit grid-sampler delegate, and the report says where it went."""
-    model, inputs = DEMOS["flow-warp"]()
-    result = export_model(model, inputs, artifacts_root=tmp_path / "out", target="vgf")
-    (partition,) = result.report["partitions"]
-    assert partition["backend"] == "VgfBackend"
-    assert partition["ops"].get("aten::grid_sampler_2d") == 1
-    (path,) = result.report["grid_sampler_paths"]
-    assert path["path"] == "vgf-compute-segment" and path["segment"]["grid_dtype"] == "int16"
-    assert result.report["grid_samplers"] == []  # no sampler left to etkit's own delegate
-    for entry in (*result.io_quant_params["inputs"], *result.io_quant_params["outputs"]):
-        assert entry["dim_order"] == [0, 2, 3, 1]  # NHWC at every image boundary, for the GPU
-        assert entry["texture"]["format"] == "R8_SNORM"
-    files = {p.suffix for p in (tmp_path / "out" / "intermediates").iterdir()}
-    assert {".vgf", ".tosa"} <= files
-    # its seams: the sampler's compute segment between two graph segments; the RGBA image
-    # (int8) and the grid (2 x int16) go in, the RGBA output comes out
-    (height, width) = inputs[0].shape[-2:]
-    vgf = partition["vgf"]
-    assert (vgf["graph_segments"], vgf["compute_segments"], vgf["graph_to_graph"]) == (2, 1, 0)
-    assert sorted(s["bytes"] for s in vgf["seams"]) == [height * width * 4] * 3
-    assert [s["into_kind"] for s in vgf["seams"]] == ["compute", "compute", "graph"]
-    assert result.report["delegate_seams"] == {"delegate_calls": 1, "values_between_delegates": 0}
-    markdown = (tmp_path / "out" / "report.md").read_text()
-    assert "2 graph and 1 compute segments; 3 values between segments" in markdown
-
-
 def test_stn_xnnpack_api_verifies(tmp_path: Path) -> None:
     model, inputs = DEMOS["stn"]()
     result = export_model(
@@ -476,25 +448,3 @@ def test_cli_read_only_out_is_a_usage_error(tmp_path: Path) -> None:
     finally:
         if mounted:
             subprocess.run(["umount", str(place)], check=False)
-
-
-def test_stn_vgf_verifies_on_vulkan(tmp_path: Path) -> None:
-    """The VGF program as written, run whole (VGF delegates on lavapipe through scenario_runner,
-    the grid sampler on etkit's kernel), within one int8 step of the quantized model."""
-    model, inputs = DEMOS["stn"]()
-    result = export_model(model, inputs, artifacts_root=tmp_path / "stn", verify=True)
-    assert result.verification is not None and "scenario_runner" in result.verification["runner"]
-    (quantized,) = [
-        c for c in result.verification["comparisons"] if c["reference"] == "quantized PT2E model"
-    ]
-    assert quantized["max_steps"] <= 1 and sum(quantized["steps_histogram"].values()) > 0
-    assert "int8 steps" in (tmp_path / "stn" / "report.md").read_text()
-    (floating,) = [c for c in result.verification["comparisons"] if c["reference"] == "float model"]
-    picture = tmp_path / "stn" / floating["picture"]
-    from PIL import Image
-
-    with Image.open(picture) as panel:  # float model | program | error, side by side
-        assert panel.size[0] > 3 * 32 and panel.size[1] > 32
-    assert f"]({floating['picture']})" in (tmp_path / "stn" / "report.md").read_text()
-    manifest = json.loads((tmp_path / "stn" / "etkit-manifest.json").read_text())
-    assert floating["picture"] in manifest["files"]

@@ -1,20 +1,16 @@
 """``shared_provenance``: the provenance torch records per pass, kept without the quadratic
-deep copy, and exports byte-identical with and without it."""
+deep copy, and exports byte-identical with and without it (the byte identity:
+test_diagnostics.py::test_exports_are_byte_identical_and_hold_no_build_path)."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
 import torch.fx.traceback as fx_traceback
 
-from etkit_exporter import export_model
-from etkit_exporter.export import pipeline
-from etkit_exporter.export.demos import DEMOS
 from etkit_exporter.export.provenance import shared_provenance
 
 
@@ -59,13 +55,3 @@ def test_restored_when_the_block_raises() -> None:
         raise RuntimeError("a failing stage")
     node = _node_with_history()
     assert fx_traceback.NodeSource(node).from_node[0] is not node.meta["from_node"][0]
-
-
-def test_export_is_byte_identical_with_and_without(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model, inputs = DEMOS["resample"]()
-    shared = export_model(model, inputs, artifacts_root=tmp_path / "shared", target="vgf")
-    monkeypatch.setattr(pipeline, "shared_provenance", contextlib.nullcontext)
-    copied = export_model(model, inputs, artifacts_root=tmp_path / "copied", target="vgf")
-    assert shared.pte_path.read_bytes() == copied.pte_path.read_bytes()

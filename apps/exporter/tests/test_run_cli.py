@@ -3,6 +3,7 @@ refused with one line and no output files."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -23,9 +24,30 @@ from etkit_exporter.export.demos import DEMOS
 @pytest.fixture(scope="module")
 def stn_vgf(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model, inputs = DEMOS["stn"]()
-    return export_model(
-        model, inputs, artifacts_root=tmp_path_factory.mktemp("run") / "stn", scenario=True
-    )
+    # verified too (test_stn_vgf_verifies_on_vulkan); the scenario check then reuses the
+    # verified run's outputs
+    root = tmp_path_factory.mktemp("run") / "stn"
+    return export_model(model, inputs, artifacts_root=root, scenario=True, verify=True)
+
+
+def test_stn_vgf_verifies_on_vulkan(stn_vgf: Any) -> None:
+    """The VGF program as written, run whole (the VGF on lavapipe through scenario_runner, its
+    sampler a compute segment inside it), within one int8 step of the quantized model; the
+    float model's picture in report.md and the manifest."""
+    result, root = stn_vgf, stn_vgf.artifacts_root
+    assert result.verification is not None and "scenario_runner" in result.verification["runner"]
+    (quantized,) = [
+        c for c in result.verification["comparisons"] if c["reference"] == "quantized PT2E model"
+    ]
+    assert quantized["max_steps"] <= 1 and sum(quantized["steps_histogram"].values()) > 0
+    assert "int8 steps" in (root / "report.md").read_text()
+    (floating,) = [c for c in result.verification["comparisons"] if c["reference"] == "float model"]
+    picture = root / floating["picture"]
+    with Image.open(picture) as panel:  # float model | program | error, side by side
+        assert panel.size[0] > 3 * 32 and panel.size[1] > 32
+    assert f"]({floating['picture']})" in (root / "report.md").read_text()
+    manifest = json.loads((root / "etkit-manifest.json").read_text())
+    assert floating["picture"] in manifest["files"]
 
 
 def test_run_writes_outputs_matching_the_quantized_model(
