@@ -16,6 +16,7 @@ import torch
 from etkit_exporter import ExportError, export_model
 from etkit_exporter.artifact.staging import DestinationError
 from etkit_exporter.export.demos import DEMOS
+from etkit_exporter.programs import load_program
 from etkit_quant import snorm8, snorm16
 
 SNORM8_SCALE = float(torch.tensor(1 / 127))
@@ -134,6 +135,9 @@ def test_report_contents(flow_warp_xnnpack: Any) -> None:
 
 
 def test_stn_xnnpack_api_verifies(tmp_path: Path) -> None:
+    """The STN for XNNPACK, verified; its ``affine_grid`` is elementwise ops on small tensors
+    inside the XNNPACK delegate (``etkit_quant.affine_grids``): no base grid built at run time
+    and no ``sum`` over the grid in portable kernels, as lowering's decomposition would give."""
     model, inputs = DEMOS["stn"]()
     result = export_model(
         model, inputs, artifacts_root=tmp_path / "stn", target="xnnpack", verify=True
@@ -143,6 +147,13 @@ def test_stn_xnnpack_api_verifies(tmp_path: Path) -> None:
         for c in result.verification["comparisons"]  # type: ignore[index]
         if c["reference"] == "quantized PT2E model"
     )
+    assert result.converted_model is not None
+    converted = {str(n.target) for n in result.converted_model.graph.nodes}
+    assert not {t for t in converted if "affine_grid" in t or "sum" in t}, sorted(converted)
+    outside = load_program(result.pte_path).method().operators  # run outside every delegate
+    assert not [op for op in outside if "sum" in op or "arange" in op or "where" in op], outside
+    float_ops = {op["op"] for op in result.report["float_ops"]["ops"]}
+    assert {"aten::mul.Tensor", "aten::add.Tensor"} <= float_ops, sorted(float_ops)
 
 
 # (the STN for VGF through the API, verified: test_stn_vgf_verifies_on_vulkan; resample for VGF

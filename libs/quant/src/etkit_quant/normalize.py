@@ -172,12 +172,15 @@ def normalize_program(
     dynamic_shapes: Any = None,
     max_folded_elements: int = MAX_FOLDED_ELEMENTS,
     channel_ops: bool = False,
+    affine_grids: bool = False,
 ) -> tuple[ExportedProgram, NormalizationReport]:
     """``program`` normalized (the module's steps, in order) and exported again on
     ``example_inputs`` (with ``dynamic_shapes``, ``torch.export``'s, for a program exported with
     dynamic dimensions), with what changed; ``fold_constants`` folds results of at most
     ``max_folded_elements`` values; ``channel_ops`` (for a program whose coordinate arithmetic
-    stays float) rewrites its per-channel ops of slices (``channel_ops.channel_ops_of_slices``).
+    stays float) rewrites its per-channel ops of slices (``channel_ops.channel_ops_of_slices``);
+    ``affine_grids`` (the same, for a CPU backend) its fixed-size ``affine_grid`` as
+    elementwise ops on small tensors (``affine_grids.affine_grids``).
     A program with nothing to normalize is returned as it is.
     Raises ``TypeError`` for a ``program`` that is not an ``ExportedProgram`` or inputs that
     are not a tuple of tensors."""
@@ -214,6 +217,10 @@ def normalize_program(
 
     report.record("promoted_constants", promoted_constants(module))
     report.record("ranked_scalar_constants", ranked_scalar_constants(module))
+    if affine_grids:
+        from etkit_quant.affine_grids import affine_grids as rewrite  # (it uses this module's)
+
+        report.record("affine_grids", rewrite(module))
     if not report.changed:
         return program, report
     module.graph.eliminate_dead_code()

@@ -9,7 +9,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeAlias
+from typing import TYPE_CHECKING, Final, TypeAlias, TypedDict
 
 import torch
 from executorch.backends.arm.tosa import TosaSpecification
@@ -69,6 +69,14 @@ CALIBRATED: Final = Calibrated()
 SamplerQSpec: TypeAlias = "QuantizationSpec | Calibrated | None"
 
 
+class Rewrites(TypedDict):
+    """``normalize_program``'s rewrites of float coordinate arithmetic (``QuantOptions.rewrites``)
+    by name."""
+
+    channel_ops: bool
+    affine_grids: bool
+
+
 @dataclass(frozen=True)
 class QuantOptions:
     enabled: bool
@@ -85,6 +93,15 @@ class QuantOptions:
     def float_coordinates(self) -> bool:
         """Whether the coordinate arithmetic stays float (float grid math, or no quantization)."""
         return not self.enabled or self.grid_math == "float"
+
+    def rewrites(self, target: str) -> Rewrites:
+        """``normalize_program``'s rewrites of float coordinate arithmetic: per-channel ops of
+        slices where it stays float, and there on XNNPACK also fixed-size ``affine_grid`` as
+        elementwise ops (a CPU backend; a VGF keeps the product Arm's lowering makes)."""
+        return {
+            "channel_ops": self.float_coordinates,
+            "affine_grids": self.float_coordinates and target == "xnnpack",
+        }
 
 
 def quant_options(

@@ -508,7 +508,7 @@ def _quantize(
         check_grid_samplers(exported)
     with stages.stage("normalize"):  # library-built graphs made to look hand-written
         exported, _ = normalize_program(
-            exported, inputs, dynamic_shapes=dynamic, channel_ops=quant.float_coordinates,
+            exported, inputs, dynamic_shapes=dynamic, **quant.rewrites(target),
             **sizing.fold_limit(plan, target, inputs))  # fmt: skip
     base, partitioner, spec = target_backend(target, intermediates, tosa_spec)
     if qat is not None:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -468,9 +468,13 @@ def size_options(sizes: str | None, dynamic_size: str | None) -> dict[str, Any]:
     return options
 
 
-def fold_limit(
-    plan: SizePlan | None, target: str, inputs: Sequence[torch.Tensor]
-) -> dict[str, int]:
+class FoldLimit(TypedDict, total=False):
+    """``normalize_program``'s ``max_folded_elements``, where ``fold_limit`` sets one."""
+
+    max_folded_elements: int
+
+
+def fold_limit(plan: SizePlan | None, target: str, inputs: Sequence[torch.Tensor]) -> FoldLimit:
     """``normalize_program``'s keywords for a capture at the size of ``inputs``: in an
     enumerated XNNPACK export, no folded constant of a whole image plane or more (a base grid of
     H x W positions: per-size data a program of several sizes would hold once per method) is
