@@ -174,15 +174,17 @@ def test_enumerated_methods_share_quantization_and_weights(enumerated: Any) -> N
     assert count == set(enumerated.sizes["methods"])
     spent = enumerated.sizes["bytes"]
     # the demo's weights are 1.3 kB: its method plans and XNNPACK graphs are the program; no
-    # constant of an image plane is folded: its pixel grid is a row and a column (1 x W x 2 and
-    # H x 1 x 2 float32, etkit-quant's separable fold), so the methods differ by those alone
+    # constant of an image plane is folded: its pixel grid is a row (1 x W x 2), and a column
+    # added on rows (H values and a mask of W x 2: etkit-quant's separable fold), float32, so
+    # the methods differ by those alone (a plane would be 8 x H x W bytes: 12 kB at 32x48)
     assert set(spent["methods_alone"]) == set(enumerated.sizes["methods"])
     assert spent["program"] < sum(spent["methods_alone"].values())
-    rest = set()
+    rest = []
     for name, size in enumerated.sizes["methods"].items():
         height, width = (int(s) for s in size.split("x"))
-        rest.add(spent["methods_alone"][name] - 8 * (height + width))
-    assert len(rest) == 1, spent["methods_alone"]  # the same bytes but for the grid's
+        rest.append(spent["methods_alone"][name] - 4 * (4 * width + height))
+    # the same bytes but for the grid's, within the alignment of three constants
+    assert max(rest) - min(rest) <= 128, spent["methods_alone"]
 
 
 def test_every_enumerated_method_runs_at_its_size(enumerated: Any, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from etkit_quant.graph import target_name
 from etkit_quant.normalize import normalize_program
-from etkit_quant.separable import separate
+from etkit_quant.separable import column_on_rows, separate
 
 
 def _grid(height: int, width: int, centres: bool) -> torch.Tensor:
@@ -72,9 +72,37 @@ def test_a_grid_over_the_limit_folds_as_a_row_and_a_column() -> None:
         for n in split.graph.nodes
         if n.op == "call_function"
     )
-    for sample in (inputs, (inputs[0], -inputs[1])):
+    # the grid's y (a column, broadcast across the width) is added on the rows flattened:
+    # y * mask, an add of the same shape; no add reads a column of the grid's shape
+    for n in split.graph.nodes:
+        if target_name(n) == "aten::add.Tensor":
+            shapes = [tuple(a.meta["val"].shape) for a in n.args if isinstance(a, torch.fx.Node)]
+            assert (1, 12, 1, 2) not in shapes, shapes
+    assert any(target_name(n) == "aten::mul.Tensor" for n in split.graph.nodes)
+    g = torch.Generator().manual_seed(2)
+    samples = [inputs, (inputs[0], -inputs[1]), (inputs[0], torch.zeros_like(inputs[1]))]
+    samples += [(inputs[0], torch.randn(1, 2, 12, 20, generator=g)) for _ in range(5)]
+    for sample in samples:
         assert torch.equal(split.module()(*sample), whole.module()(*sample))
         assert torch.equal(split.module()(*sample), FlowWarp()(*sample))
+
+
+def test_a_grids_column_on_rows_is_the_column_as_numbers() -> None:
+    for height, width, centres in ((7, 9, False), (16, 5, True), (3, 4, True)):
+        grid = _grid(height, width, centres)
+        terms = separate(grid)
+        assert terms is not None
+        row, column = terms
+        flat = column_on_rows(column, width)
+        assert flat is not None
+        y, mask = flat
+        assert y.shape == (1, height, 1) and mask.shape == (1, 1, width * 2)
+        assert torch.equal((y * mask).reshape(1, height, width, 2), column.expand_as(grid))
+        flow = torch.randn(1, height, width, 2)
+        on_rows = ((flow + row).reshape(1, height, width * 2) + y * mask).reshape(grid.shape)
+        assert torch.equal(on_rows, (flow + row) + column)
+    assert column_on_rows(torch.ones(1, 4, 1, 2), 3) is None  # both channels hold values
+    assert column_on_rows(torch.ones(1, 2, 4, 1), 3) is None  # an NCHW column: no inner block
 
 
 class AnySizeWarp(torch.nn.Module):

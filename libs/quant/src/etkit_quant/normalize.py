@@ -69,7 +69,12 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
 from etkit_quant.graph import attribute, target_name, tensor_value
-from etkit_quant.separable import add_where_read, separate, separate_broadcast_stacks
+from etkit_quant.separable import (
+    add_where_read,
+    column_on_rows,
+    separate,
+    separate_broadcast_stacks,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -618,13 +623,22 @@ def _fold_separated(module: GraphModule, node: Node, value: torch.Tensor, limit:
     """A constant over the size limit that is a row plus a column (``separable.separate``: a
     pixel grid) becomes the two, each within the limit, added where it is read: ``value + x``
     (an ``add`` of the same shape) becomes ``(x + row) + column``, exactly; any other reader
-    reads ``row + column``. Returns whether ``node`` was so replaced."""
+    reads ``row + column``. A pixel grid's column (its y, broadcast across the width) is added
+    on the rows flattened, as ``y * mask`` (``separable.column_on_rows``: the same numbers,
+    whole rows at a time on XNNPACK). Returns whether ``node`` was so replaced."""
     terms = separate(value)
     if terms is None or max(t.numel() for t in terms) > limit:
         return False
+    flat = column_on_rows(terms[1], int(value.shape[-2]))  # a pixel grid's y: on whole rows
+    if flat is not None and max(t.numel() for t in flat) > limit:
+        flat = None
     with module.graph.inserting_before(node):
-        row, column = (_constant(module, t, node.name) for t in terms)
-    add_where_read(module, node, [row, column])
+        row = _constant(module, terms[0], node.name)
+        if flat is None:
+            add_where_read(module, node, [row, _constant(module, terms[1], node.name)])
+            return True
+        y, mask = (_constant(module, t, node.name) for t in flat)
+    add_where_read(module, node, [row], rows=(y, mask))
     return True
 
 
