@@ -38,13 +38,14 @@ from etkit_quant.normalize import _constant
 _AFFINE_GRID = "aten::affine_grid_generator"
 
 
-def _linspace_from_neg_one(steps: int, align_corners: bool) -> torch.Tensor:
-    """The base grid's coordinates along one dimension, as ``torch._decomp`` computes them
-    (``_linspace_from_neg_one``): float32 ``linspace`` from ``-a`` to ``a``."""
-    if steps <= 1:
-        return torch.zeros(1, dtype=torch.float32)
-    a = ((steps - 1) / steps) if not align_corners else 1
-    return torch.linspace(-a, a, steps=steps, dtype=torch.float32)
+def _base(steps: int, align_corners: bool) -> torch.Tensor:
+    """The base grid's coordinates along one dimension: the decomposition's own function."""
+    from torch._decomp.decompositions import _linspace_from_neg_one
+
+    value: torch.Tensor = _linspace_from_neg_one(
+        steps, align_corners, torch.float32, torch.device("cpu")
+    )
+    return value
 
 
 def _arguments(node: Node) -> tuple[Node, tuple[int, int, int, int], bool] | None:
@@ -82,8 +83,8 @@ def affine_grids(module: GraphModule) -> list[str]:
         if found is None:
             continue
         theta, (n, _, height, width), align_corners = found
-        xs = _linspace_from_neg_one(width, align_corners).reshape(1, 1, 1, -1)
-        ys = _linspace_from_neg_one(height, align_corners).reshape(1, 1, -1, 1)
+        xs = _base(width, align_corners).reshape(1, 1, 1, -1)
+        ys = _base(height, align_corners).reshape(1, 1, -1, 1)
         with graph.inserting_before(node):
             x, y = _constant(module, xs, node.name), _constant(module, ys, node.name)
             column = []

@@ -122,18 +122,17 @@ def add_where_read(
                 total = module.graph.call_function(aten.add.Tensor, (total, term))
                 made.append(total)
             if rows is not None:
-                column = module.graph.call_function(aten.mul.Tensor, rows)
-                flat = [*shape[:-2], shape[-2] * shape[-1]]
+                call = module.graph.call_function
+                column = call(aten.mul.Tensor, rows)
+                made.append(column)
                 if other is None:  # a plane for the reader: the row plus the column
-                    column = module.graph.call_function(aten.reshape.default, (column, shape))
-                    total = module.graph.call_function(aten.add.Tensor, (total, column))
-                    made += [column, total]
-                else:
-                    flat_total = module.graph.call_function(aten.reshape.default, (total, flat))
-                    total = module.graph.call_function(aten.add.Tensor, (flat_total, column))
-                    made += [column, flat_total, total]
-                    total = module.graph.call_function(aten.reshape.default, (total, shape))
-                    made.append(total)
+                    made.append(column := call(aten.reshape.default, (column, shape)))
+                    made.append(total := call(aten.add.Tensor, (total, column)))
+                else:  # on the rows flattened, then back to the node's shape
+                    flat = [*shape[:-2], shape[-2] * shape[-1]]
+                    made.append(total := call(aten.reshape.default, (total, flat)))
+                    made.append(total := call(aten.add.Tensor, (total, column)))
+                    made.append(total := call(aten.reshape.default, (total, shape)))
             for new in made:
                 new.meta["stack_trace"] = node.meta.get("stack_trace")
         if other is not None:
