@@ -133,6 +133,12 @@ def test_calibration_files_are_read_and_checked(tmp_path: Path) -> None:
     np.save(folder / "c.npy", np.zeros((1, 3, 5, 5), dtype=np.float32))
     with pytest.raises(CalibrationDataError, match=r"c\.npy: input 0 is float32 1x3x5x5"):
         read_calibration(str(folder), example, image_range=(0.0, 1.0))
+    # an export of several sizes checks the size itself (export.sizes); the rest is checked
+    sized = read_calibration(str(folder), example, image_range=(0.0, 1.0), any_size=True)
+    assert [tuple(s[0].shape) for s in sized] == [(1, 3, 4, 4), (1, 3, 4, 4), (1, 3, 5, 5)]
+    np.save(folder / "c.npy", np.zeros((1, 4, 5, 5), dtype=np.float32))
+    with pytest.raises(CalibrationDataError, match=r"c\.npy: input 0 is float32 1x4x5x5"):
+        read_calibration(str(folder), example, image_range=(0.0, 1.0), any_size=True)
     (folder / "c.npy").write_bytes(b"not an array")
     with pytest.raises(CalibrationDataError, match=r"c\.npy: not a readable \.npy"):
         read_calibration(str(folder), example, image_range=(0.0, 1.0))

@@ -18,7 +18,7 @@ from torch.fx.passes.infra.pass_manager import PassManager
 from etkit_exporter import ExportError, export_model
 from etkit_exporter.check.verify import verify_program
 from etkit_exporter.core.diagnostics import advice, capture_native_log, root_cause
-from etkit_exporter.export import pipeline
+from etkit_exporter.export import lowering, pipeline
 from etkit_exporter.export.demos import DEMOS
 
 
@@ -123,11 +123,13 @@ def test_exports_are_byte_identical_and_hold_no_build_path(
     bytes, and no artifact names the folder or the staging folder it was built in; the first
     is the one VGF its report describes (``_one_vgf_report``). The second is made without
     etkit's shared provenance (``export.provenance``: node provenance shared, not deep-copied,
-    through the lowering), which must change no byte either."""
+    through the lowering) and without deferred code generation (``lowering.codegen_deferred``),
+    which must change no byte either."""
     programs = []
     for name in ("first", "second"):
         if name == "second":
             monkeypatch.setattr(pipeline, "shared_provenance", contextlib.nullcontext)
+            monkeypatch.setattr(lowering, "codegen_deferred", contextlib.nullcontext)
         model, inputs = DEMOS["flow-warp"]()
         result = export_model(model, inputs, artifacts_root=tmp_path / name / "out", target="vgf")
         if name == "first":

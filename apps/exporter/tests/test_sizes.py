@@ -21,6 +21,7 @@ from etkit_exporter.check.bundle import compare, read_bundle, run_bundle
 from etkit_exporter.check.verify import verify_run
 from etkit_exporter.cli.config import read_config, render_config
 from etkit_exporter.cli.run import run_export
+from etkit_exporter.core.errors import ExportError
 from etkit_exporter.export.demos import DEMOS, FlowWarp
 from etkit_exporter.export.sizes import (
     SizeError,
@@ -74,12 +75,19 @@ def _frames(height: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Ten
     return tuple(torch.rand(1, 3, height, width, generator=generator) * 2 - 1 for _ in range(2))  # type: ignore[return-value]
 
 
+# calibration samples of a listed size other than the example's; of three sizes of the range
+ENUMERATED_CALIBRATION = [_frames(40, 56, 7), _frames(40, 56, 8)]
+RANGE_CALIBRATION = [_frames(32, 48, 0), _frames(16, 24, 5), _frames(64, 96, 6)]
+FOUR_CHANNELS = (_frames(24, 40, 2)[0], torch.rand(1, 4, 24, 40))  # its second input: 4 channels
+
+
 @pytest.fixture(scope="module")
 def enumerated(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model, inputs = DEMOS["flow-warp"]()
     root = tmp_path_factory.mktemp("sizes") / "enumerated"
+    # calibrated at a listed size that is not the example's: its ranges serve every size
     return export_model(model, inputs, artifacts_root=root, target="xnnpack", sizes=SIZES,
-                        verify=True, bundle=True)  # fmt: skip
+                        calibration=ENUMERATED_CALIBRATION, verify=True, bundle=True)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +96,24 @@ def ranged(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model = AnySizeFlowWarp().eval()
     root = tmp_path_factory.mktemp("sizes") / "range"
     result = export_model(model, _frames(32, 48, 0), artifacts_root=root, target="xnnpack",
-                          dynamic_size=RANGE, verify=True, bundle=True)  # fmt: skip
+                          dynamic_size=RANGE, calibration=RANGE_CALIBRATION, verify=True,
+                          bundle=True)  # fmt: skip
     return model, result
+
+
+def _observed(result: Any, name: str) -> dict[str, Any]:
+    return next(e for e in result.report["saturation"] if e["name"].startswith(name))
+
+
+def _assert_calibrated_on(result: Any, samples: list[tuple[torch.Tensor, ...]]) -> None:
+    """The export's calibration saw exactly ``samples``: its first input's values, counted and
+    bounded, are theirs."""
+    first = _observed(result, "input 0")
+    assert first["total"] == sum(sample[0].numel() for sample in samples)
+    assert first["observed"] == [
+        min(float(sample[0].min()) for sample in samples),
+        max(float(sample[0].max()) for sample in samples),
+    ]
 
 
 def test_enumerated_export_has_a_method_per_size_each_verified(enumerated: Any) -> None:
@@ -153,8 +177,10 @@ def test_without_verify_every_method_still_has_its_etrecord(tmp_path: Path) -> N
 
 
 def test_enumerated_methods_share_quantization_and_weights(enumerated: Any) -> None:
-    """One calibration serves every size: the IO parameters of every method are forward's, and
-    XNNPACK's weights (named data, keyed by their hash) are stored once for all methods."""
+    """One calibration serves every size (made at 40x56, the samples' size, not the example's
+    32x48): the IO parameters of every method are forward's, and XNNPACK's weights (named
+    data, keyed by their hash) are stored once for all methods."""
+    _assert_calibrated_on(enumerated, ENUMERATED_CALIBRATION)
     io = json.loads((enumerated.artifacts_root / "io_quant_params.json").read_text())
     assert set(io["methods"]) == set(enumerated.sizes["methods"])
     for table in io["methods"].values():
@@ -208,6 +234,7 @@ def test_every_enumerated_method_runs_at_its_size(enumerated: Any, tmp_path: Pat
 
 def test_range_export_runs_and_verifies_at_five_sizes(ranged: Any) -> None:
     model, result = ranged
+    _assert_calibrated_on(result, RANGE_CALIBRATION)  # its one capture, samples of three sizes
     sizes = result.sizes
     assert sizes["dynamic"]["text"] == "16-64x16-96/8"
     verified = [(e["size"], e["result"]) for e in sizes["verified"]]
@@ -289,6 +316,55 @@ def test_bad_sizes_are_refused_before_any_work(
     with pytest.raises(SizeError, match=message):
         export_model(model, inputs, artifacts_root=tmp_path / "x",
                      **{"target": "xnnpack", **options})  # fmt: skip
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"sizes": SIZES, "calibration": [_frames(24, 40, 1), _frames(40, 56, 2)]},
+            r"calibration samples of 2 sizes \(24x40, 40x56\): an enumerated export is "
+            "calibrated at one size",
+        ),
+        (
+            {"sizes": SIZES, "calibration": [_frames(32, 48, 1), _frames(48, 64, 2)]},
+            "calibration sample 1 is 48x64, a size this export does not cover",
+        ),
+        (
+            {"dynamic_size": RANGE, "calibration": [_frames(40, 60, 1)]},
+            "calibration sample 0 is 40x60, .*its width 60 is not a multiple of 8",
+        ),
+        (  # checked against the example inputs brought to the sample's size
+            {"dynamic_size": RANGE, "calibration": [_frames(32, 48, 1), FOUR_CHANNELS]},
+            r"calibration sample 1, input 1 has shape \[1, 4, 24, 40\], but the example input "
+            r"has \[1, 3, 24, 40\]",
+        ),
+    ],
+)
+def test_calibration_of_sizes_the_export_does_not_take_is_refused_before_any_work(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message) as caught:
+        export_model(AnySizeFlowWarp().eval(), _frames(32, 48, 0),
+                     artifacts_root=tmp_path / "x", target="xnnpack", **options)  # fmt: skip
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_range_calibrated_on_sizes_that_disagree_wildly_is_refused(tmp_path: Path) -> None:
+    """Samples of two sizes of a range whose first input spans 20 times as much at one as at
+    the other: one line naming both sizes, the input and the ranges; nothing written (found
+    on the captured float program, in the stage that observes the ranges)."""
+    quiet = tuple(frame * 0.05 for frame in _frames(16, 24, 1))
+    with pytest.raises(ExportError, match="stage 'observe_ranges' failed") as caught:
+        export_model(AnySizeFlowWarp().eval(), _frames(32, 48, 0),
+                     artifacts_root=tmp_path / "x", target="xnnpack", dynamic_size=RANGE,
+                     calibration=[_frames(32, 48, 0), quiet])  # fmt: skip
+    line = str(caught.value)
+    assert "\n" not in line
+    assert "calibration samples of 16x24 and 32x48 disagree wildly on input 0 (frame0)" in line
+    assert "more than 8x" in line and "export the sizes apart" in line
     assert not (tmp_path / "x").exists()
 
 

@@ -1,9 +1,11 @@
-"""The lowering's two shortcuts past upstream work that cannot change a program:
+"""The lowering's three shortcuts past upstream work that cannot change a program:
 ``xnnpack_patterns_only_where_they_match`` (two XNNPACK preprocess passes skip pattern matching
 that cannot change the graph; their pattern graphs cost about 6 s of every new process's first
-XNNPACK export) and ``cia_ops_materialized_once`` (torch's decompositions materialize their ops
-again only when the dispatcher's registrations changed). The program is the same bytes with and
-without them."""
+XNNPACK export), ``cia_ops_materialized_once`` (torch's decompositions materialize their ops
+again only when the dispatcher's registrations changed) and ``codegen_deferred`` (graph modules
+generate their Python code when it is used, not at every recompile). The program is the same
+bytes with and without them (for VGF, with and without deferred code generation:
+test_diagnostics.py's byte identity)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from etkit_exporter.export import lowering
 from etkit_exporter.export.lowering import (
     SDPA_PATTERN_OP,
     cia_ops_materialized_once,
+    codegen_deferred,
     xnnpack_patterns_only_where_they_match,
 )
 
@@ -77,17 +80,78 @@ class _Upsampled(torch.nn.Module):
 def test_export_is_byte_identical_with_and_without(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """(VGF, deferred code generation: test_diagnostics' byte identity.)"""
+    target = "xnnpack"
     model = _Upsampled().eval()
     generator = torch.Generator().manual_seed(1)
     inputs = (
         torch.rand(1, 3, 8, 12, generator=generator) * 2 - 1,
         torch.rand(1, 16, 24, 2, generator=generator) * 2 - 1,
     )
-    skipped = export_model(model, inputs, artifacts_root=tmp_path / "skipped", target="xnnpack")
-    monkeypatch.setattr(lowering, "xnnpack_patterns_only_where_they_match", contextlib.nullcontext)
-    monkeypatch.setattr(lowering, "cia_ops_materialized_once", contextlib.nullcontext)
-    matched = export_model(model, inputs, artifacts_root=tmp_path / "matched", target="xnnpack")
+    skipped = export_model(model, inputs, artifacts_root=tmp_path / "skipped", target=target)
+    for shortcut in (
+        "xnnpack_patterns_only_where_they_match",
+        "cia_ops_materialized_once",
+        "codegen_deferred",
+    ):
+        monkeypatch.setattr(lowering, shortcut, contextlib.nullcontext)
+    matched = export_model(model, inputs, artifacts_root=tmp_path / "matched", target=target)
     assert skipped.pte_path.read_bytes() == matched.pte_path.read_bytes()
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (x * 2,)
+
+
+def _add_one(graph_module: torch.fx.GraphModule) -> None:
+    """Rewrites the graph's multiply to ``x * 2 + 1``."""
+    graph = graph_module.graph
+    multiply = next(n for n in graph.nodes if n.op == "call_function")
+    with graph.inserting_after(multiply):
+        added = graph.call_function(torch.ops.aten.add.Tensor, (multiply, 1))
+    multiply.replace_all_uses_with(added, delete_user_cb=lambda user: user is not added)
+
+
+def test_deferred_code_is_generated_when_used_and_at_once_after_the_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Inside the block a graph module's recompile generates no code, and what calls it or reads
+    its code or pytree specs gets the code of its graph as it is then; after the block (also
+    when it raised) graph modules recompile at once, those made inside included."""
+    generated: list[int] = []
+    python_code = torch.fx.Graph.python_code
+
+    def counted(self: torch.fx.Graph, *args: object, **kwargs: object) -> object:
+        generated.append(1)
+        return python_code(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.fx.Graph, "python_code", counted)
+    x = torch.arange(4.0)
+    with pytest.raises(RuntimeError), codegen_deferred():
+        with codegen_deferred():  # re-entrant
+            exported = torch.export.export(_Doubled(), (x,)).module()
+            inside = torch.fx.GraphModule(exported, exported.graph)  # pytree code generation
+        assert isinstance(inside, lowering._DeferredCodegen)
+        generated.clear()
+        _add_one(inside)
+        inside.recompile()
+        inside.recompile()
+        assert generated == []
+        assert inside._in_spec is not None and len(generated) == 1  # read: generated
+        _add_one(inside)
+        inside.recompile()
+        assert inside(x)[0].tolist() == [2.0, 4.0, 6.0, 8.0]  # called: the graph as it is
+        assert "add" in inside.code
+        raise RuntimeError("a failing stage")
+    assert torch.fx.GraphModule.__new__ is not lowering._new_graph_module
+    generated.clear()
+    _add_one(inside)
+    inside.recompile()
+    assert len(generated) == 1  # at once, as a GraphModule
+    assert inside(x)[0].tolist() == [3.0, 5.0, 7.0, 9.0]
+    outside = torch.fx.symbolic_trace(_Doubled())
+    assert not isinstance(outside, lowering._DeferredCodegen)
 
 
 def test_cia_ops_are_materialized_again_only_for_new_registrations(

@@ -547,3 +547,46 @@ def test_a_clamp_the_model_applies_anyway_is_not_clipping(bound: float, reported
     samples = [(torch.linspace(-1, 1, 201).view(1, 1, 1, 201),)]
     module = torch.export.export(_ClampedAfter(bound), samples[0]).module(check_guards=False)
     assert bool(clipping_report(module, samples)) == reported
+
+
+def test_samples_of_several_sizes_are_each_checked_against_their_own_reference() -> None:
+    """``reference_for`` (a model exported for several sizes): each sample is checked against
+    the reference it names, the error naming the sample by its place in the whole list; what it
+    raises for a size it refuses reaches the caller as it is."""
+    small = (torch.zeros(1, 3, 4, 4), torch.zeros(1, 4, 4, 2))
+
+    def reference_for(index: int, sample: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        if sample[0].shape[-1] == 5:
+            raise ValueError(f"calibration sample {index} is of a size the model does not take")
+        return small if sample[0].shape[-1] == 4 else EXAMPLE
+
+    assert check_calibration([EXAMPLE, small], EXAMPLE, reference_for=reference_for) == [
+        EXAMPLE,
+        small,
+    ]
+    wrong = (torch.zeros(1, 3, 4, 4), torch.zeros(1, 4, 8, 2))
+    with pytest.raises(ValueError, match=r"sample 2, input 1 has shape \[1, 4, 8, 2\], but the "):
+        check_calibration([EXAMPLE, small, wrong], EXAMPLE, reference_for=reference_for)
+    with pytest.raises(ValueError, match="sample 1 is of a size the model does not take"):
+        check_calibration([small, (torch.zeros(1, 3, 4, 5), small[1])], EXAMPLE,
+                          reference_for=reference_for)  # fmt: skip
+    with pytest.raises(ValueError, match="sample 0 has 1 inputs, but the model takes 2"):
+        check_calibration([small[:1]], EXAMPLE, reference_for=reference_for)
+
+
+def test_a_graph_of_dynamic_sizes_is_observed_and_calibrated_at_several_sizes() -> None:
+    """Captured with a dynamic height and width, a graph takes samples of any size in them
+    (its symbolic dimensions take any size; the others are still checked)."""
+    dims = [torch.export.Dim(name, min=2, max=16) for name in ("h", "w", "gh", "gw")]
+    shapes = ({2: dims[0], 3: dims[1]}, {1: dims[2], 2: dims[3]})
+    graph = torch.export.export(Warp().eval(), EXAMPLE, dynamic_shapes=shapes, strict=True)
+    samples = [EXAMPLE, (rand(1, 3, 4, 6), rand(1, 4, 6, 2) * 3)]
+    observation = observe_ranges(graph, samples)
+    grid = observation.inputs[1]
+    assert grid.count == EXAMPLE[1].numel() + samples[1][1].numel()
+    assert grid.max == max(float(s[1].max()) for s in samples)
+    with pytest.raises(ValueError, match=r"sample 1, input 0 has shape \[1, 4, 4, 6\]"):
+        observe_ranges(graph, [EXAMPLE, (rand(1, 4, 4, 6), samples[1][1])])
+    quantizer = BoundaryQuantizer(vgf_base(), input_qspecs=(snorm8(), None), output_qspecs=(None,))
+    converted = quantize(Warp(), EXAMPLE, quantizer, calibration=samples, dynamic_shapes=shapes)
+    assert converted(*samples[1]).shape == (1, 3, 4, 6)

@@ -79,7 +79,8 @@ def quantize(
     do not fit the model (checked right after export, before anything else runs).
 
     ``dynamic_shapes``: ``torch.export``'s, for a model exported with dynamic dimensions (the
-    converted graph keeps them). ``observers`` (``etkit_quant.observers.observer_states`` of a
+    converted graph keeps them; calibration samples may then be of any size it takes, checked
+    against the captured inputs after the export). ``observers`` (``etkit_quant.observers.observer_states`` of a
     calibrated prepare of the same model, at another input size): loaded into this prepare's
     observers instead of running any calibration sample, so that this conversion gives the
     same quantization parameters (``ValueError`` when the two graphs differ in more than their
@@ -92,10 +93,14 @@ def quantize(
         raise TypeError(
             f"quantizer must be a torchao PT2E Quantizer, got {type(quantizer).__name__}"
         )
-    samples = check_calibration(calibration, inputs)
+    # with dynamic dimensions, samples of other sizes: checked against the captured inputs
+    samples = check_calibration(calibration, inputs) if dynamic_shapes is None else None
     exported = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes, strict=True)
     # torch 2.13 adds a _guards_fn call_module by default, which PT2E quantizers reject.
     graph_module: Any = exported.module(check_guards=False)
+    if samples is None:
+        captured = tuple(n.meta["val"] for n in user_inputs(graph_module))
+        samples = check_calibration(calibration, captured)
     # Quantizers' passes write into weights (the Arm quantizer folds `conv(x) * c` into the
     # conv's weights in place): the caller's model must not see it.
     own_constants(graph_module)

@@ -251,13 +251,12 @@ def _as_graph_module(model: object, first_sample: tuple[torch.Tensor, ...]) -> G
 
 
 def _reference_inputs(model: GraphModule) -> tuple[torch.Tensor, ...] | None:
-    """The graph's inputs as its metadata records them, when every one is a tensor of static
-    shape (else ``None``: the first sample is the reference)."""
+    """The graph's inputs as its metadata records them, when every one is a tensor (else
+    ``None``: the first sample is the reference); a dimension captured as dynamic takes any
+    size."""
     values = [n.meta.get("val") for n in model.graph.nodes if n.op == "placeholder"]
     tensors = tuple(v for v in values if isinstance(v, torch.Tensor))
     if len(tensors) != len(values):
-        return None
-    if not all(isinstance(d, int) for t in tensors for d in t.shape):
         return None
     return tensors
 

@@ -12,9 +12,22 @@ OnSample = Callable[[int, int], None]
 """Progress callback: ``on_sample(done, total)`` after each calibration sample (``done`` runs
 from 1 to ``total``)."""
 
+ReferenceFor = Callable[[int, tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]
+"""``reference_for(index, sample)``: the inputs calibration sample ``index`` must match (its
+count, shapes and dtypes), for samples that may come in several sizes; raises ``ValueError``
+naming the sample when its size is not one the model is exported for."""
 
-def _describe_shape(shape: Sequence[int]) -> str:
-    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+def _describe_shape(shape: Sequence[object]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _same_shape(value: Sequence[int], expected: Sequence[object]) -> bool:
+    """``value`` has ``expected``'s rank and size in every dimension ``expected`` fixes (a
+    symbolic dimension of a graph captured with dynamic shapes takes any size)."""
+    return len(value) == len(expected) and all(
+        v == e for v, e in zip(value, expected, strict=True) if isinstance(e, int)
+    )
 
 
 def _check_sample(
@@ -37,7 +50,7 @@ def _check_sample(
         if reference is None:
             continue
         expected = reference[k]
-        if tuple(value.shape) != tuple(expected.shape):
+        if not _same_shape(tuple(value.shape), tuple(expected.shape)):
             raise ValueError(
                 f"{what}, input {k} has shape {_describe_shape(value.shape)}, but the example "
                 f"input has {_describe_shape(expected.shape)}"
@@ -63,11 +76,15 @@ def _check_sample(
 def check_calibration(
     calibration: Iterable[tuple[torch.Tensor, ...]] | None,
     example_inputs: tuple[torch.Tensor, ...],
+    *,
+    reference_for: ReferenceFor | None = None,
 ) -> list[tuple[torch.Tensor, ...]]:
     """The calibration samples as a list, every one checked before any work: each is a tuple of
     tensors with as many entries as ``example_inputs``, the same shapes and dtypes, and finite
     values (no NaN, no inf). ``None`` means the example inputs are the only sample (then they
-    must be finite). An iterator is consumed once, into the list.
+    must be finite). An iterator is consumed once, into the list. ``reference_for`` (a model
+    exported for several sizes): each sample is checked against ``reference_for(index,
+    sample)`` instead of ``example_inputs``.
 
     Raises ``TypeError`` (not a tuple, not a tensor, ``calibration`` not iterable) or
     ``ValueError`` (empty, wrong count, shape or dtype, NaN or inf), naming the sample index and
@@ -80,10 +97,20 @@ def check_calibration(
     if calibration is None:
         return [_check_sample(example_inputs, None, "example_inputs (the calibration sample)")]
     reference = _check_sample_types(example_inputs)
-    return [
-        _check_sample(sample, reference, f"calibration sample {index}")
-        for index, sample in enumerate(_materialize(calibration))
-    ]
+    checked = []
+    for index, sample in enumerate(_materialize(calibration)):
+        what = f"calibration sample {index}"
+        if reference_for is not None:
+            typed = _check_sample(sample, None, what)
+            if len(typed) != len(reference):
+                raise ValueError(
+                    f"{what} has {len(typed)} inputs, but the model takes {len(reference)} (the "
+                    "example inputs)"
+                )
+            checked.append(_check_sample(typed, reference_for(index, typed), what))
+        else:
+            checked.append(_check_sample(sample, reference, what))
+    return checked
 
 
 def _materialize(calibration: object) -> list[object]:

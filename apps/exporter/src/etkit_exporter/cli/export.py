@@ -535,8 +535,9 @@ def _calibration_from(
             if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
         ]
         image_range = parse_image_range(args.image_range) if args.image_range else None
+        sized = args.sizes is not None or args.dynamic_size is not None  # any of its sizes
         return read_calibration(
-            args.calibration, inputs, input_names=names, image_range=image_range
+            args.calibration, inputs, input_names=names, image_range=image_range, any_size=sized
         )
     except CalibrationDataError as error:
         raise UsageError(str(error)) from error

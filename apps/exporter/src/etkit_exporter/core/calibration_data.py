@@ -134,7 +134,10 @@ def _read_one(path: Path, image_range: tuple[float, float] | None) -> torch.Tens
 
 
 def _check(
-    sample: tuple[torch.Tensor, ...], examples: tuple[torch.Tensor, ...], source: Path
+    sample: tuple[torch.Tensor, ...],
+    examples: tuple[torch.Tensor, ...],
+    source: Path,
+    any_size: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     import torch
 
@@ -146,7 +149,10 @@ def _check(
     for k, (value, example) in enumerate(zip(sample, examples, strict=True)):
         if value.dtype == torch.float64 and example.dtype == torch.float32:
             value = value.float()  # numpy's default; the values fit
-        if tuple(value.shape) != tuple(example.shape) or value.dtype != example.dtype:
+        shape, expected = tuple(value.shape), tuple(example.shape)
+        if any_size and len(shape) == len(expected) >= 3:  # the export checks the size itself
+            shape, expected = shape[:-2], expected[:-2]
+        if shape != expected or value.dtype != example.dtype:
             raise CalibrationDataError(
                 f"{source}: input {k} is {str(value.dtype).removeprefix('torch.')} "
                 f"{'x'.join(map(str, value.shape))}, the example input is "
@@ -164,9 +170,12 @@ def read_calibration(
     input_names: Sequence[str] = (),
     image_range: tuple[float, float] | None = None,
     on_file: Callable[[int, int], None] | None = None,
+    any_size: bool = False,
 ) -> list[tuple[torch.Tensor, ...]]:
     """The samples at ``path`` (see the module docstring), each checked against
-    ``example_inputs``. Raises ``CalibrationDataError`` naming the file at fault."""
+    ``example_inputs`` (``any_size``: an export of several sizes, whose own check takes a
+    sample of any of its sizes, so the last two dimensions of inputs of rank 3 or more are
+    not compared here). Raises ``CalibrationDataError`` naming the file at fault."""
     entries = _files(path)
     samples: list[tuple[torch.Tensor, ...]] = []
     for done, entry in enumerate(entries, start=1):
@@ -185,7 +194,7 @@ def read_calibration(
                 f"{entry}: the model takes {len(example_inputs)} inputs; give each sample as a "
                 "sub-folder (one file per input, sorted by name), an .npz or a .pt file"
             )
-        samples.append(_check(sample, example_inputs, entry))
+        samples.append(_check(sample, example_inputs, entry, any_size))
         if on_file is not None:
             on_file(done, len(entries))
     if not samples:

@@ -22,6 +22,7 @@ from etkit_exporter.core.targets import TARGETS, VGF_TOSA_SPEC
 from etkit_quant import check_calibration
 from etkit_quant.boundary import GRID_MATHS
 from etkit_quant.graph import is_grid_sampler
+from etkit_quant.samples import ReferenceFor
 
 if TYPE_CHECKING:
     pass
@@ -116,6 +117,7 @@ def quant_options(
     calibration: Iterable[tuple[torch.Tensor, ...]] | None,
     on_sample: Callable[[int, int], None] | None,
     grid_math: object,
+    reference_for: ReferenceFor | None = None,
 ) -> QuantOptions:
     """``export_model``'s and ``qat_prepare``'s quantization arguments checked (one line for a
     caller's mistake, uint8 refused when quantizing) into ``QuantOptions``."""
@@ -126,7 +128,7 @@ def quant_options(
         sampler_image=sampler_image,
         sampler_grid=sampler_grid,
         sampler_output=sampler_output,
-        samples=tuple(check_calibration(calibration, inputs)),
+        samples=tuple(check_calibration(calibration, inputs, reference_for=reference_for)),
         on_sample=on_sample,
         grid_math=check_grid_math(grid_math),
     )

@@ -27,6 +27,8 @@ from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 from torch.export import ExportedProgram
 from torch.fx import GraphModule
+from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.fx.graph import PythonCode
 from torch.fx.passes.infra.pass_base import PassResult
 
 from etkit_exporter.vgf.tools import configure_model_converter
@@ -201,14 +203,74 @@ def _materialize_as_upstream() -> None:
 _cia = PatchedWhileEntered(_materialize_once, _materialize_as_upstream)
 
 
+class _DeferredCodegen(_LazyGraphModule):
+    """A graph module made while ``codegen_deferred`` is entered. There its ``recompile`` only
+    marks its Python code stale, as torch's ``_LazyGraphModule`` does, and the code is generated
+    when something calls it or reads its code; outside, ``recompile`` generates it at once, as
+    a ``GraphModule``'s does."""
+
+    def recompile(self) -> PythonCode | None:  # type: ignore[override]
+        if _codegen.depth:
+            type(self).forward = type(self)._lazy_forward
+            return None
+        return self._real_recompile()
+
+    def __getattr__(self, name: str) -> Any:
+        # set by code generation (pytree in and out specs; the code), read without calling it
+        if name in ("_in_spec", "_out_spec", "_code") and type(self)._needs_recompile():
+            self.real_recompile()
+            return getattr(self, name)
+        return super().__getattr__(name)
+
+
+_graph_module_new = GraphModule.__new__
+
+
+def _new_graph_module(cls: type[GraphModule], *args: Any, **kwargs: Any) -> GraphModule:
+    # GraphModule.__new__ makes a class per instance ("GraphModuleImpl") below the one asked for
+    base = next(t for t in cls.__mro__ if not t.__qualname__.endswith("GraphModuleImpl"))
+    return _graph_module_new(_DeferredCodegen if base is GraphModule else cls, *args, **kwargs)
+
+
+def _defer_codegen() -> None:
+    GraphModule.__new__ = _new_graph_module  # type: ignore[assignment]
+
+
+def _generate_at_once() -> None:
+    GraphModule.__new__ = _graph_module_new  # type: ignore[method-assign]
+
+
+class _Codegen(PatchedWhileEntered):
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+
+_codegen = _Codegen(_defer_codegen, _generate_at_once)
+
+
+@contextmanager
+def codegen_deferred() -> Iterator[None]:
+    """While it is entered (re-entrant, and across threads), the graph modules torch.fx makes
+    generate their Python code only when it is called or read (``_DeferredCodegen``), not at
+    every ``recompile``: the Arm backend's passes recompile after each of them (684 code
+    generations in a VGF export of the flow-warp demo, 385 of them in the lowering), and
+    nearly all of those graphs are only ever interpreted or rewritten again. After the last
+    block is left, such a module generates its code when called or read, and at once at each
+    ``recompile``, as a ``GraphModule`` does. The programs are the same bytes (tested)."""
+    with _codegen.entered():
+        yield
+
+
 @contextmanager
 def lowering_to(in_vgf: bool) -> Iterator[list[dict[str, Any]]]:
     """The context of ``to_edge_transform_and_lower`` for a target: torch's decompositions
-    materialize their ops once (``cia_ops_materialized_once``). To VGF: etkit's samplers
+    materialize their ops once (``cia_ops_materialized_once``), graph modules generate their
+    code when it is used (``codegen_deferred``). To VGF: etkit's samplers
     become compute segments (etkit_gridsampler's rewrite pass runs before the Arm backend's own
     grid-sampler passes); yields the segments made. To XNNPACK: its pattern matching runs only
     where it can change the graph (``xnnpack_patterns_only_where_they_match``); yields ``[]``."""
-    with cia_ops_materialized_once():
+    with cia_ops_materialized_once(), codegen_deferred():
         if not in_vgf:
             with xnnpack_patterns_only_where_they_match():
                 yield []

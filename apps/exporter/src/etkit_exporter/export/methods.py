@@ -5,9 +5,10 @@ the verification of every method, or of a range at the sizes that judge it.
 - Enumerated sizes: one method per size, each captured, quantized and lowered at its size, in
   one ``.pte`` (ExecuTorch's multi-method program: constants outside the delegates and delegate
   blobs are stored once when equal, XNNPACK's weights are named data keyed by their hash). Every
-  size is quantized with the observer states of the one calibration at the example size
-  (``etkit_quant.observers``), so every method has the same quantization parameters, weights and
-  biases: XNNPACK's weights are stored once, and the IO parameters are the same for every method.
+  size is quantized with the observer states of the one calibration, at the calibration
+  samples' size (``etkit_quant.observers``), so every method has the same quantization
+  parameters, weights and biases: XNNPACK's weights are stored once, and the IO parameters are
+  the same for every method.
 - A range: one method; nothing more to build.
 
 Verification of a method other than ``forward`` runs ``verify_export`` on that method's own
@@ -68,21 +69,25 @@ def build_methods(
     lower: Lower,
 ) -> list[Method]:
     """The program's methods, ``forward`` first. Without sizes or for a range: ``forward`` on
-    the example inputs. Enumerated: the example size is calibrated first (and is that size's
-    method when it is listed), then every other size is captured on the example inputs resized
-    to it and quantized with the example's observer states (no calibration of its own);
+    the example inputs. Enumerated: the calibration samples' size (``plan.calibrated``: one of
+    the listed sizes or the example's) is calibrated first, on the example inputs resized to
+    it (and is that size's method when it is listed), then every other size is captured on the
+    example inputs resized to it and quantized with those observer states (no calibration of
+    its own);
     ``forward`` is the first size's method, ``forward_HxW`` each other size's."""
     if plan is None or not plan.enumerated:
         quantized = quantize(inputs, stages, None, None)
         return [Method("forward", plan.example if plan else (0, 0), inputs, quantized,
                        lower(quantized, inputs, stages))]  # fmt: skip
-    calibrated = quantize(inputs, stages, None, None)
+    at_calibration = resize_inputs(inputs, plan, plan.calibrated)
+    label = None if plan.calibrated == plan.example else size_text(plan.calibrated)
+    calibrated = quantize(at_calibration, stages.at(label) if label else stages, None, None)
     methods = []
     for name, size in plan.methods():
-        if size == plan.example:
-            methods.append(
-                Method(name, size, inputs, calibrated, lower(calibrated, inputs, stages))
-            )
+        if size == plan.calibrated:
+            at = stages.at(label) if label else stages
+            methods.append(Method(name, size, at_calibration, calibrated,
+                                  lower(calibrated, at_calibration, at)))  # fmt: skip
             continue
         at = stages.at(size_text(size))
         resized = resize_inputs(inputs, plan, size)

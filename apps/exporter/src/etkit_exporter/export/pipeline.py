@@ -250,11 +250,12 @@ def export_model(
 
     Sizes (the README's "Sizes"; ``export.sizes``): ``sizes=[(540, 960), (720, 1280)]``: one
     method per size in one program (``forward_540x960``, ...; ``forward`` the first size), each
-    captured at its size and quantized with what calibration at the example size observed;
-    ``dynamic_size=((256, 1088), (256, 1920), 64)`` (target "xnnpack"): one method ``forward``
-    for every height and width within the bounds that is a multiple of 64, captured once with
-    ``torch.export`` dynamic dimensions on each image input's height and width. ``verify``
-    judges every method (a range: its smallest, largest, an odd and the example size).
+    captured at its size and quantized with what calibration at one size observed (the
+    samples', all of one listed size or the example's); ``dynamic_size=((256, 1088), (256,
+    1920), 64)`` (target "xnnpack"): one method ``forward`` for every height and width in the
+    bounds that is a multiple of 64, captured once with dynamic dimensions on each image
+    input's height and width, calibrated on samples of any of its sizes. ``verify`` judges
+    every method (a range: its smallest, largest, an odd and the example size).
 
     ``etrecord`` (``artifact.etrecord``): "slim" (default) what ExecuTorch's Inspector and
     ``etkit inspect`` run; "full" adds the ATen program and the float model ("vs float").
@@ -289,17 +290,15 @@ def export_model(
     check_forward(model.eval(), inputs)
     sizing.check_forward_at_sizes(model, inputs, plan)
     quant = quant_options(
-        enabled=enable_pt2e_quantization,
-        inputs=inputs,
+        enabled=enable_pt2e_quantization, inputs=inputs,
         quantized_input_qspecs=quantized_input_qspecs,
         quantized_output_qspecs=quantized_output_qspecs,
-        sampler_image=grid_sampler_image_qspec,
-        sampler_grid=grid_sampler_grid_qspec,
+        sampler_image=grid_sampler_image_qspec, sampler_grid=grid_sampler_grid_qspec,
         sampler_output=grid_sampler_output_qspec if quantize_grid_sample_output else None,
-        calibration=calibration,
-        on_sample=on_calibration_sample,
-        grid_math=grid_math,
-    )
+        calibration=calibration, on_sample=on_calibration_sample, grid_math=grid_math,
+        reference_for=sizing.calibration_reference(inputs, plan),  # samples of any of its sizes
+    )  # fmt: skip
+    plan = sizing.calibrated_at(plan, quant.samples)  # an enumerated export's: one of them
     destination = check_destination(root, force)
     failed = failed_destination(root, force) if verify else None
     for note in destination.notes:
@@ -529,7 +528,8 @@ def _quantize(
             quantizer, coordinates = copy.copy(calibrated.quantizer), calibrated.coordinates
             saturations = calibrated.saturations  # (warned about at the example size)
         else:
-            with stages.stage("observe_ranges"):
+            with stages.stage("observe_ranges"):  # (a range's sizes alike: sizes.py)
+                sizing.check_ranges_agree(exported, quant.samples, plan)
                 quantizer, saturations, coordinates = boundary_quantizer(
                     exported, base, quant, len(inputs)
                 )

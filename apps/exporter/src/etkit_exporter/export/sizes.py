@@ -7,21 +7,23 @@ input, each a multiple of 64 within the bounds). The image inputs are the model'
 last two dimensions are the example's height and width (those of its first input of rank 4); the
 others keep their shapes at every size. Everything here is checked before any work: a malformed
 size, both options at once, a range for a target without dynamic shapes (VGF), an example
-outside the range or not a multiple of it, a size the model's forward cannot take."""
+outside the range or not a multiple of it, a size the model's forward cannot take, calibration
+samples of a size the export does not cover (``calibration_reference``, ``calibrated_at``)."""
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, TypedDict
 
 import torch
 import torch.nn.functional as F
 
 from etkit_exporter.core.diagnostics import exception_chain, root_cause
+from etkit_quant import observe_ranges
 
 Size = tuple[int, int]
 
@@ -33,6 +35,11 @@ DYNAMIC_TARGETS: Final = ("xnnpack",)
 METHOD_PREFIX: Final = "forward_"
 # How the example inputs are brought to another size (images: bilinear; integers: nearest).
 _RESIZE_MODE: Final = "bilinear"
+# A range calibrated on samples of several sizes is refused when a boundary's observed range
+# (an input, an output, a grid sampler's image, grid or output) spans more than this many times
+# as much at one size as at another: one set of parameters would serve one of them badly. (A
+# flow in pixels doubles with the size: 4x between 270 and 1080 rows is still a fair sample.)
+RANGE_DISAGREEMENT: Final = 8.0
 
 
 class SizeError(ValueError):
@@ -97,6 +104,14 @@ class SizePlan:
     image_inputs: tuple[int, ...]
     enumerated: tuple[Size, ...] = ()
     dynamic: SizeRange | None = None
+    # the size the calibration samples are of (enumerated: one of the listed sizes or the
+    # example's; ``None``: the example's); a range takes samples of any of its sizes
+    calibration: Size | None = None
+
+    @property
+    def calibrated(self) -> Size:
+        """The size calibration runs at: the enumerated methods' observer states come from it."""
+        return self.calibration or self.example
 
     def methods(self) -> list[tuple[str, Size]]:
         """Each method with its size: ``forward`` (the first size: what every tool runs), then
@@ -292,6 +307,93 @@ def resize_inputs(
             out = F.interpolate(flat.float(), size=size, mode="nearest").to(value.dtype)
         resized.append(out.reshape(*shape[:-2], *size).contiguous())
     return tuple(resized)
+
+
+def _sample_size(sample: Sequence[torch.Tensor], plan: SizePlan) -> Size | None:
+    image = sample[plan.image_inputs[0]] if plan.image_inputs else None
+    if image is None or image.dim() < 3:
+        return None
+    return (int(image.shape[-2]), int(image.shape[-1]))
+
+
+def calibration_reference(
+    inputs: Sequence[torch.Tensor], plan: SizePlan | None
+) -> Callable[[int, tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]] | None:
+    """``check_calibration``'s ``reference_for`` for an export of several sizes (``None``
+    without sizes): a sample may be of any size the export covers (a listed size or the
+    example's; a range: any size in it), and is checked against the example inputs brought to
+    its size. A sample of another size is ``SizeError``, naming it."""
+    if plan is None:
+        return None
+    references: dict[Size, tuple[torch.Tensor, ...]] = {}
+
+    def reference_for(index: int, sample: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        size = _sample_size(sample, plan)
+        if size is None:  # not an image where the example has one: the shape check says so
+            return tuple(inputs)
+        if plan.dynamic is not None:
+            why = plan.dynamic.outside(size)
+            covered = f"the range {plan.dynamic.text()}"
+        else:
+            why = None if size in (*plan.enumerated, plan.example) else "it is not listed"
+            covered = ", ".join(size_text(s) for s in dict.fromkeys((*plan.enumerated,)))
+        if why is not None:
+            raise SizeError(
+                f"calibration sample {index} is {size_text(size)}, a size this export does not "
+                f"cover ({why}); give samples of its sizes ({covered})"
+            )
+        if size not in references:
+            references[size] = resize_inputs(inputs, plan, size)
+        return references[size]
+
+    return reference_for
+
+
+def calibrated_at(plan: SizePlan | None, samples: Sequence[Sequence[torch.Tensor]]) -> Any:
+    """``plan`` with the size its (checked) calibration ``samples`` are of. An enumerated export
+    is calibrated once, at one size, whose observed ranges (per tensor, not per pixel) serve
+    every size: samples of several sizes are ``SizeError``. A range calibrates its one capture
+    on samples of any of its sizes."""
+    if plan is None or plan.dynamic is not None:
+        return plan
+    sizes = list(dict.fromkeys(s for s in (_sample_size(x, plan) for x in samples) if s))
+    if len(sizes) > 1:
+        raise SizeError(
+            f"calibration samples of {len(sizes)} sizes ({', '.join(map(size_text, sizes))}): "
+            "an enumerated export is calibrated at one size, whose ranges serve every size; "
+            "give every sample at one of its sizes"
+        )
+    return replace(plan, calibration=sizes[0]) if sizes and sizes[0] != plan.example else plan
+
+
+def check_ranges_agree(
+    program: Any, samples: Sequence[tuple[torch.Tensor, ...]], plan: SizePlan | None
+) -> None:
+    """A range calibrated on samples of several sizes: each size's samples are observed on its
+    float ``program`` alone (``etkit_quant.observe_ranges``), and a boundary whose range spans
+    more than ``RANGE_DISAGREEMENT`` times as much at one size as at another is ``SizeError``,
+    naming it, the two sizes and their ranges."""
+    if plan is None or plan.dynamic is None:
+        return
+    groups: dict[Size, list[tuple[torch.Tensor, ...]]] = {}
+    for sample in samples:
+        groups.setdefault(_sample_size(sample, plan) or plan.example, []).append(sample)
+    if len(groups) < 2:
+        return
+    observed = {size: observe_ranges(program, group).ranges for size, group in groups.items()}
+    for k, site in enumerate(next(iter(observed.values()))):
+        spans = {size: ranges[k].max - ranges[k].min for size, ranges in observed.items()}
+        narrow, wide = min(spans, key=spans.__getitem__), max(spans, key=spans.__getitem__)
+        if not 0 < spans[narrow] < spans[wide] / RANGE_DISAGREEMENT:
+            continue
+        a, b = observed[narrow][k], observed[wide][k]
+        raise SizeError(
+            f"calibration samples of {size_text(narrow)} and {size_text(wide)} disagree wildly "
+            f"on {site.name}: [{a.min:.4g}, {a.max:.4g}] against [{b.min:.4g}, {b.max:.4g}] "
+            f"({spans[wide] / spans[narrow]:.0f}x the span, more than {RANGE_DISAGREEMENT:g}x): "
+            "one set of quantization parameters would serve one size badly; calibrate with "
+            "samples alike at every size, or export the sizes apart"
+        )
 
 
 def check_forward_at_sizes(
