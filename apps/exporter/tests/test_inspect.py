@@ -370,3 +370,7 @@ def test_stack_trace_paths_are_cut_below_the_import_root() -> None:
         'File "<string>", line 1'
     )
     assert build_paths_in(b"... /work/x ...") and not build_paths_in(portable.encode())
+    # a short folder counts where a name in it follows; binary data holds it by chance
+    assert build_paths_in(b"\x00/tmp/etkit-new-1\x00") == ["/tmp", "/tmp/"]
+    assert build_paths_in(b"\x07/tmp\x91\x00/root\xff/work/\x00") == []
+    assert build_paths_in(b"\x07/some/folder/long\x91", ["/some/folder/long"])

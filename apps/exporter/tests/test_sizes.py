@@ -17,6 +17,7 @@ from executorch.exir._serialize._program import deserialize_pte_binary
 from torch.export import Dim
 
 from etkit_exporter import export_model
+from etkit_exporter.artifact.sizes_text import size_lines
 from etkit_exporter.check.bundle import compare, read_bundle, run_bundle
 from etkit_exporter.check.verify import verify_run
 from etkit_exporter.cli.config import read_config, render_config
@@ -205,6 +206,10 @@ def test_enumerated_methods_share_quantization_and_weights(enumerated: Any) -> N
     # the methods differ by those alone (a plane would be 8 x H x W bytes: 12 kB at 32x48)
     assert set(spent["methods_alone"]) == set(enumerated.sizes["methods"])
     assert spent["program"] < sum(spent["methods_alone"].values())
+    assert spent["weights"] == "shared: 6 named data entries stored once for every method"
+    # stored once, not once per method: the program saves at least the weights of two methods
+    weights = sum(len(buffer) for buffer in pte.named_data.buffers)
+    assert spent["shared_bytes"] >= (len(spent["methods_alone"]) - 1) * weights > 0
     rest = []
     for name, size in enumerated.sizes["methods"].items():
         height, width = (int(s) for s in size.split("x"))
@@ -471,6 +476,8 @@ def test_enumerated_vgf_export_is_a_vgf_per_size_each_verified(tmp_path: Path) -
     assert set(spent["methods_alone"]) == {"forward", "forward_24x40"}
     # a VGF holds its weights: the program is about the two methods' programs together
     assert spent["program"] < sum(spent["methods_alone"].values())
+    assert spent["weights"] == "not shared: each method's VGF holds its weights compiled in"
+    assert "weights not shared: each method's VGF" in "\n".join(size_lines(sizes))
     # --scenario: one scenario per method, each run on Vulkan and equal to the program's method
     report = json.loads((result.artifacts_root / "report.json").read_text())
     scenarios = {"forward": report["scenario"], **report["scenario"]["methods"]}

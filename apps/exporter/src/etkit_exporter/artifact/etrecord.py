@@ -53,6 +53,8 @@ REFERENCE_GRAPH: Final = "edge_after_transform/forward"
 _FILE_IN_TRACE: Final = re.compile(r'File "([^"]+)"')
 # What no shipped artifact may name: the usual roots of build machines' working folders
 _BUILD_ROOTS: Final = ("/work/", "/tmp/", "/home/", "/root/", "/Users/", "/var/folders/")
+# a path this long names one folder: found anywhere in an artifact's bytes, it is a leak
+_WHOLE_PATH: Final = 12
 
 
 def _import_roots() -> list[str]:
@@ -112,7 +114,10 @@ def strip_stack_trace_paths(record: Any) -> int:
 def build_paths_in(data: bytes, extra: Iterable[str | Path] = ()) -> list[str]:
     """The build-machine paths found in ``data`` (an artifact's bytes): the working folder, the
     home and temporary folders, the virtual environment, ``extra``, and anything under the usual
-    roots of build folders (``/work/``, ``/tmp/``, ``/home/``, ...)."""
+    roots of build folders (``/work/``, ``/tmp/``, ``/home/``, ...). A folder of fewer than
+    ``_WHOLE_PATH`` characters counts where a name in it follows (``/tmp/x``): binary data
+    holds a short one by chance (a RIFE-shaped export's 16.7 MB of constants held ``/tmp``,
+    and its ETRecord was dropped); a longer one counts wherever it appears."""
     candidates = {
         str(Path.cwd()),
         str(Path.home()),
@@ -121,7 +126,16 @@ def build_paths_in(data: bytes, extra: Iterable[str | Path] = ()) -> list[str]:
         *(str(p) for p in extra),
     }
     needles = sorted({c for c in candidates if len(c) > 1} | set(_BUILD_ROOTS))
-    return [needle for needle in needles if needle.encode() in data]
+    found = []
+    for needle in needles:
+        folder = needle.rstrip("/").encode()
+        if len(folder) >= _WHOLE_PATH:
+            named = folder in data
+        else:
+            named = re.search(re.escape(folder) + rb"/[\w.-]", data) is not None
+        if named:
+            found.append(needle)
+    return found
 
 
 def etrecord_bytes(

@@ -26,6 +26,8 @@ def size_lines(sizes: dict[str, Any] | None) -> list[str]:
         b = sizes["bytes"]
         lines.append(f"program {b['program']} bytes, {b['ratio_to_largest']}x the largest "
                      f"method exported alone ({b['largest_alone']} bytes)")  # fmt: skip
+        if "weights" in b:
+            lines.append(f"methods share {b['shared_bytes']} bytes; weights {b['weights']}")
     verified = sizes.get("verified") or []
     if verified:
         lines.append("verified: " + ", ".join(

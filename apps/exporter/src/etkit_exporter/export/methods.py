@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from executorch.exir import EdgeProgramManager
+from executorch.exir._serialize._program import deserialize_pte_binary
 
 from etkit_exporter.artifact.etrecord import write_etrecord
 from etkit_exporter.check.bundle import BundleCase
@@ -132,16 +133,27 @@ def add_method_io(io_params: dict[str, Any], methods: Sequence[Method], pte: byt
     io_params["methods"] = tables
 
 
-def program_bytes(methods: Sequence[Method], pte: bytes) -> dict[str, Any]:
+def program_bytes(methods: Sequence[Method], pte: bytes, target: str) -> dict[str, Any]:
     """What the extra methods cost: the bytes of the written program, of each method's program
-    alone (the method lowered by itself, serialized alone) and their ratio to the largest."""
+    alone (the method lowered by itself, serialized alone) and their ratio to the largest; the
+    bytes the methods share (stored once: the sum of the methods alone less the program); and
+    whether the weights are shared: XNNPACK's are named data keyed by their hash, stored once
+    for every method that quantizes them to the same bytes (``named_data``: the entries); a
+    VGF holds its weights compiled in, so each method's VGF carries its own."""
     alone = {m.name: len(m.lowered.manager.to_executorch().buffer) for m in methods}
     largest = max(alone.values(), default=len(pte))
+    if target == "vgf":
+        weights = "not shared: each method's VGF holds its weights compiled in"
+    else:
+        entries = len(deserialize_pte_binary(pte).named_data.pte_data)
+        weights = f"shared: {entries} named data entries stored once for every method"
     return {
         "program": len(pte),
         "methods_alone": alone,
         "largest_alone": largest,
         "ratio_to_largest": round(len(pte) / largest, 4) if largest else None,
+        "shared_bytes": sum(alone.values()) - len(pte),
+        "weights": weights,
     }
 
 
@@ -192,7 +204,7 @@ def sizes_section(
         return None, []
     section = plan.as_dict()
     if len(methods) > 1:
-        section["bytes"] = program_bytes(methods, (work / "model.pte").read_bytes())
+        section["bytes"] = program_bytes(methods, (work / "model.pte").read_bytes(), target)
     cases: list[BundleCase] = []
     if verification is None and len(methods) > 1:
         with stage("etrecord_methods"):  # what verification would keep, less its pictures
