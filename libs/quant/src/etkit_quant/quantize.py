@@ -80,8 +80,9 @@ def quantize(
 
     ``dynamic_shapes``: ``torch.export``'s, for a model exported with dynamic dimensions (the
     converted graph keeps them; calibration samples may then be of any size it takes, checked
-    against the captured inputs after the export). ``observers`` (``etkit_quant.observers.observer_states`` of a
-    calibrated prepare of the same model, at another input size): loaded into this prepare's
+    against the captured inputs after the export). ``observers``
+    (``etkit_quant.observers.observer_states`` of a calibrated prepare of the same model, at
+    another input size): loaded into this prepare's
     observers instead of running any calibration sample, so that this conversion gives the
     same quantization parameters (``ValueError`` when the two graphs differ in more than their
     shapes). ``on_calibrated(prepared)`` is called after calibration, before conversion (to
