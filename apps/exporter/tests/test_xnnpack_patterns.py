@@ -10,6 +10,7 @@ test_diagnostics.py's byte identity)."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,16 @@ def test_cia_ops_are_materialized_again_only_for_new_registrations(
         assert torch.ops.etkit_cia_test.double.default in collected
         raise RuntimeError("a failing stage")
     assert export_utils._materialize_cpp_cia_ops is counted
+
+
+def test_other_threads_make_graph_modules_as_ever() -> None:
+    """Only the thread inside the block defers: a graph module another thread makes meanwhile
+    generates its code at every recompile, as ever."""
+    made: list[torch.fx.GraphModule] = []
+    with codegen_deferred():
+        other = threading.Thread(target=lambda: made.append(torch.fx.symbolic_trace(_Doubled())))
+        other.start()
+        other.join()
+        inside = torch.fx.symbolic_trace(_Doubled())
+    assert isinstance(inside, lowering._DeferredCodegen)
+    assert len(made) == 1 and not isinstance(made[0], lowering._DeferredCodegen)

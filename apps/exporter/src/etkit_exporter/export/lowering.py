@@ -5,6 +5,7 @@ that would write build paths into the program."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -204,13 +205,13 @@ _cia = PatchedWhileEntered(_materialize_once, _materialize_as_upstream)
 
 
 class _DeferredCodegen(_LazyGraphModule):
-    """A graph module made while ``codegen_deferred`` is entered. There its ``recompile`` only
-    marks its Python code stale, as torch's ``_LazyGraphModule`` does, and the code is generated
-    when something calls it or reads its code; outside, ``recompile`` generates it at once, as
-    a ``GraphModule``'s does."""
+    """A graph module made in a thread inside ``codegen_deferred``. While that thread is inside,
+    its ``recompile`` only marks its Python code stale, as torch's ``_LazyGraphModule`` does,
+    and the code is generated when something calls it or reads its code; otherwise
+    ``recompile`` generates it at once, as a ``GraphModule``'s does."""
 
     def recompile(self) -> PythonCode | None:  # type: ignore[override]
-        if _codegen.depth:
+        if getattr(_deferring, "depth", 0):
             type(self).forward = type(self)._lazy_forward
             return None
         return self._real_recompile()
@@ -224,12 +225,14 @@ class _DeferredCodegen(_LazyGraphModule):
 
 
 _graph_module_new = GraphModule.__new__
+_deferring = threading.local()  # depth: how deep this thread is in codegen_deferred
 
 
 def _new_graph_module(cls: type[GraphModule], *args: Any, **kwargs: Any) -> GraphModule:
     # GraphModule.__new__ makes a class per instance ("GraphModuleImpl") below the one asked for
     base = next(t for t in cls.__mro__ if not t.__qualname__.endswith("GraphModuleImpl"))
-    return _graph_module_new(_DeferredCodegen if base is GraphModule else cls, *args, **kwargs)
+    deferred = base is GraphModule and getattr(_deferring, "depth", 0) > 0
+    return _graph_module_new(_DeferredCodegen if deferred else cls, *args, **kwargs)
 
 
 def _defer_codegen() -> None:
@@ -240,26 +243,25 @@ def _generate_at_once() -> None:
     GraphModule.__new__ = _graph_module_new  # type: ignore[method-assign]
 
 
-class _Codegen(PatchedWhileEntered):
-    @property
-    def depth(self) -> int:
-        return self._depth
-
-
-_codegen = _Codegen(_defer_codegen, _generate_at_once)
+_codegen = PatchedWhileEntered(_defer_codegen, _generate_at_once)
 
 
 @contextmanager
 def codegen_deferred() -> Iterator[None]:
-    """While it is entered (re-entrant, and across threads), the graph modules torch.fx makes
-    generate their Python code only when it is called or read (``_DeferredCodegen``), not at
-    every ``recompile``: the Arm backend's passes recompile after each of them (684 code
-    generations in a VGF export of the flow-warp demo, 385 of them in the lowering), and
-    nearly all of those graphs are only ever interpreted or rewritten again. After the last
-    block is left, such a module generates its code when called or read, and at once at each
-    ``recompile``, as a ``GraphModule`` does. The programs are the same bytes (tested)."""
+    """While a thread is inside (re-entrant), the graph modules torch.fx makes in it generate
+    their Python code only when called or read (``_DeferredCodegen``), not at every
+    ``recompile``: the Arm backend's passes recompile after each of them (684 code generations
+    in a VGF export of the flow-warp demo, 385 of them in the lowering), and nearly all of those
+    graphs are only ever interpreted or rewritten again. Other threads' modules are made as
+    ever. After the block, such a module generates its code when called or read, and at once
+    at each ``recompile``, as a ``GraphModule`` does. The programs are the same bytes
+    (tested)."""
     with _codegen.entered():
-        yield
+        _deferring.depth = getattr(_deferring, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            _deferring.depth -= 1
 
 
 @contextmanager
