@@ -336,7 +336,7 @@ def calibration_reference(
             covered = f"the range {plan.dynamic.text()}"
         else:
             why = None if size in (*plan.enumerated, plan.example) else "it is not listed"
-            covered = ", ".join(size_text(s) for s in dict.fromkeys((*plan.enumerated,)))
+            covered = ", ".join(size_text(s) for s in plan.enumerated)
         if why is not None:
             raise SizeError(
                 f"calibration sample {index} is {size_text(size)}, a size this export does not "
@@ -349,7 +349,9 @@ def calibration_reference(
     return reference_for
 
 
-def calibrated_at(plan: SizePlan | None, samples: Sequence[Sequence[torch.Tensor]]) -> Any:
+def calibrated_at(
+    plan: SizePlan | None, samples: Sequence[Sequence[torch.Tensor]]
+) -> SizePlan | None:
     """``plan`` with the size its (checked) calibration ``samples`` are of. An enumerated export
     is calibrated once, at one size, whose observed ranges (per tensor, not per pixel) serve
     every size: samples of several sizes are ``SizeError``. A range calibrates its one capture
