@@ -16,7 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the spawned ranks im
 from qat_ddp_export_worker import STEPS, train
 
 
+# On demand (-m extended): DDP training with etkit's sampler is CI's in etkit-gridsampler's
+# test_qat_ddp.py, and a QAT model's export in test_qat_export.py.
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ranks_train_to_identical_parameters_ranges_and_outputs(tmp_path: Path) -> None:
     world_size = 2
     mp.spawn(train, args=(world_size, str(tmp_path / "init"), str(tmp_path)), nprocs=world_size)

@@ -66,7 +66,13 @@ def _int_steps(y: torch.Tensor, reference: torch.Tensor, entry: dict[str, Any]) 
 
 @pytest.mark.parametrize(
     ("name", "split"),
-    [("flow-warp", False), ("stn", False), ("resample", False), ("flow-warp", True)],
+    [
+        ("flow-warp", False),
+        ("stn", False),
+        ("resample", False),
+        # the split path on demand (-m extended): CI's in test_real_models' vgf-split subset
+        pytest.param("flow-warp", True, marks=pytest.mark.extended),
+    ],
 )
 def test_vgf_export_layouts_agree_and_outputs_match(
     vgf_export: Any, name: str, split: bool
