@@ -38,7 +38,12 @@ def _inputs(count: int) -> tuple[torch.Tensor, ...]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["vgf", "xnnpack"])
+@pytest.mark.parametrize(
+    "target",
+    # VGF on demand (-m extended), for CI time: 42 s for this export alone (not verified). A
+    # RAFT-style lookup lowered to VGF is then checked on demand only (with RAFT-small, zoo)
+    [pytest.param("vgf", marks=pytest.mark.extended), "xnnpack"],
+)
 def test_correlation_lookup_exports(tmp_path: Path, target: str) -> None:
     torch.manual_seed(0)
     result = export_model(

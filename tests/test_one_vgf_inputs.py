@@ -102,7 +102,12 @@ def _samples_two_inputs() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
 
 
 @pytest.fixture(
-    scope="module", params=[_warps_its_input, _samples_two_inputs, _warps_a_slice_of_its_input]
+    scope="module",
+    params=[  # a sampler reading a VGF input: a slice of it and two inputs in CI
+        pytest.param(_warps_its_input, marks=pytest.mark.extended),
+        _samples_two_inputs,
+        _warps_a_slice_of_its_input,
+    ],
 )
 def exported(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
