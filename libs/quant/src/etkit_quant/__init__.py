@@ -31,12 +31,12 @@ from etkit_quant.calibration import (
     saturation_report,
     value_qspec,
 )
+from etkit_quant.gather_positions import coordinate_graph_inputs
 from etkit_quant.graph import (
     DEQUANTIZE_TARGET_NAMES,
     GRID_SAMPLER_TARGET_NAMES,
     QUANTIZE_TARGET_NAMES,
     compute_kind,
-    coordinate_graph_inputs,
     coordinate_inputs,
     coordinate_nodes,
     grid_position_nodes,

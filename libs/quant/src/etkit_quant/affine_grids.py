@@ -31,9 +31,8 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from etkit_quant.graph import coordinate_nodes, target_name
-from etkit_quant.graph import tensor_value as _value
-from etkit_quant.normalize import _constant
+from etkit_quant.graph import coordinate_nodes, target_name, tensor_value
+from etkit_quant.graph_constants import add_constant
 
 _AFFINE_GRID = "aten::affine_grid_generator"
 
@@ -61,7 +60,7 @@ def _arguments(node: Node) -> tuple[Node, tuple[int, int, int, int], bool] | Non
     sizes = [s for s in size if isinstance(s, int) and not isinstance(s, bool)]
     if len(sizes) != 4:
         return None  # symbolic sizes
-    value = _value(theta)
+    value = tensor_value(theta)
     if value is None or value.dtype != torch.float32 or tuple(value.shape) != (sizes[0], 2, 3):
         return None
     return theta, (sizes[0], sizes[1], sizes[2], sizes[3]), align_corners
@@ -86,7 +85,7 @@ def affine_grids(module: GraphModule) -> list[str]:
         xs = _base(width, align_corners).reshape(1, 1, 1, -1)
         ys = _base(height, align_corners).reshape(1, 1, -1, 1)
         with graph.inserting_before(node):
-            x, y = _constant(module, xs, node.name), _constant(module, ys, node.name)
+            x, y = add_constant(module, xs, node.name), add_constant(module, ys, node.name)
             column = []
             for k in range(3):  # theta[:, :, k], N x 2 x 1 x 1
                 part = graph.call_function(aten.slice.Tensor, (theta, 2, k, k + 1))

@@ -24,9 +24,8 @@ from typing import Final
 import torch
 from torch.fx import GraphModule, Node
 
-from etkit_quant.graph import coordinate_nodes, target_name
-from etkit_quant.graph import tensor_value as _value
-from etkit_quant.normalize import _constant
+from etkit_quant.graph import coordinate_nodes, target_name, tensor_value
+from etkit_quant.graph_constants import add_constant
 
 _OPS: Final = frozenset(
     {"aten::div.Tensor", "aten::mul.Tensor", "aten::add.Tensor", "aten::sub.Tensor"}
@@ -39,7 +38,7 @@ def _slice_bounds(node: Node, dim: int) -> tuple[Node, int, int] | None:
     if target_name(node) != "aten::slice.Tensor" or node.kwargs:
         return None
     source, *rest = node.args
-    source_value = _value(source)
+    source_value = tensor_value(source)
     if not isinstance(source, Node) or source_value is None:
         return None
     if len(rest) > 4:
@@ -76,7 +75,7 @@ def channel_ops_of_slices(module: GraphModule) -> list[str]:
     for cat in list(module.graph.nodes):
         if cat not in region or target_name(cat) != "aten::cat" or cat.kwargs:
             continue
-        result = _value(cat)
+        result = tensor_value(cat)
         inputs = cat.args[0]
         if result is None or not isinstance(inputs, (list, tuple)) or len(inputs) < 2:
             continue
@@ -95,14 +94,14 @@ def channel_ops_of_slices(module: GraphModule) -> list[str]:
         constant = torch.tensor(per_index, dtype=result.dtype).reshape(shape)
         with module.graph.inserting_before(cat):
             operand: Node = source
-            source_value = _value(source)
+            source_value = tensor_value(source)
             assert source_value is not None
             if (start, end) != (0, int(source_value.shape[dim])):
                 operand = module.graph.call_function(
                     torch.ops.aten.slice.Tensor, (source, dim, start, end)
                 )
                 operand.meta["val"] = source_value.narrow(dim, start, end - start)
-            constant_node = _constant(module, constant, cat.name)
+            constant_node = add_constant(module, constant, cat.name)
             target = op.target
             assert callable(target)
             merged = module.graph.call_function(target, (operand, constant_node))
@@ -144,12 +143,12 @@ def _parts(
         if not isinstance(sliced, Node) or len(sliced.users) != 1:
             return None
         bounds = _slice_bounds(sliced, dim)
-        value = _value(node)
+        value = tensor_value(node)
         if bounds is None or value is None or value.dtype != dtype:
             return None
         if source is not None and bounds[0] is not source:
             return None
-        source_value = _value(bounds[0])
+        source_value = tensor_value(bounds[0])
         if source_value is None or source_value.dtype != dtype:
             return None
         if ranges and ranges[-1][1] != bounds[1]:

@@ -30,7 +30,13 @@ from typing import Final
 import torch
 from torch.fx import GraphModule, Node
 
-from etkit_quant.graph import compute_kind, is_coordinate_op, target_name
+from etkit_quant.graph import (
+    compute_kind,
+    coordinate_nodes,
+    graph_inputs_feeding_only,
+    is_coordinate_op,
+    target_name,
+)
 
 _GATHER_INDEX_ARGS: Final = {
     "aten::index.Tensor": 1,  # a list of optional index tensors
@@ -135,3 +141,11 @@ def gather_position_nodes(model: GraphModule) -> set[Node]:
         ):
             region.add(node)
     return region
+
+
+def coordinate_graph_inputs(model: GraphModule) -> list[Node]:
+    """The graph inputs that flow only into coordinate arithmetic (``graph.coordinate_nodes``)
+    or straight into grid samplers' grid inputs: coordinate maps, flows and matrices given as
+    inputs, which are quantized like grids (int16); the positions of index gathers
+    (``gather_position_nodes``) count as coordinate arithmetic. In graph order."""
+    return graph_inputs_feeding_only(model, coordinate_nodes(model) | gather_position_nodes(model))

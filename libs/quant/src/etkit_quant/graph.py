@@ -375,14 +375,11 @@ def coordinate_inputs(model: GraphModule, region: set[Node] | None = None) -> li
     return sorted(entering, key=order.__getitem__)
 
 
-def coordinate_graph_inputs(model: GraphModule) -> list[Node]:
-    """The graph inputs that flow only into coordinate arithmetic (``coordinate_nodes``) or
-    straight into grid samplers' grid inputs: coordinate maps, flows and matrices given as
-    inputs, which are quantized like grids (int16); the positions of index gathers
-    (``gather_positions``) count as coordinate arithmetic. In graph order."""
-    from etkit_quant.gather_positions import gather_position_nodes  # (it imports this module)
-
-    region = coordinate_nodes(model) | gather_position_nodes(model)
+def graph_inputs_feeding_only(model: GraphModule, region: set[Node]) -> list[Node]:
+    """The graph inputs all of whose uses lead only into ``region`` or straight into grid
+    samplers' grid inputs (through in-place writes and checks, as ``grid_position_nodes``
+    follows them), in graph order. ``gather_positions.coordinate_graph_inputs`` gives it the
+    coordinate arithmetic and the index gathers' positions."""
     found = []
     for node in model.graph.nodes:
         if node.op != "placeholder":

@@ -68,7 +68,11 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
+from etkit_quant.affine_grids import affine_grids as affine_grids_rewrite
+from etkit_quant.channel_ops import channel_ops_of_slices
 from etkit_quant.graph import attribute, target_name, tensor_value
+from etkit_quant.graph_constants import BROADCASTING_OPS, add_constant
+from etkit_quant.normalize_promotions import promoted_constants
 from etkit_quant.separable import (
     add_where_read,
     column_on_rows,
@@ -121,31 +125,6 @@ _SCALAR_TO_TENSOR: Final[dict[Any, Any]] = {
 # backend's passes turn those into the scalar overloads above.
 _SCALAR_OPERAND_TENSOR_OPS: Final = frozenset(
     {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor}
-)
-# Elementwise ops that broadcast all their tensor arguments: a 0-dim argument can take any rank
-# up to the result's without changing the result.
-_BROADCASTING: Final = frozenset(
-    {
-        aten.add.Tensor,
-        aten.sub.Tensor,
-        aten.mul.Tensor,
-        aten.div.Tensor,
-        aten.div.Tensor_mode,
-        aten.maximum.default,
-        aten.minimum.default,
-        aten.pow.Tensor_Tensor,
-        aten.where.self,
-        aten.clamp_min.Tensor,
-        aten.clamp_max.Tensor,
-        aten.eq.Tensor,
-        aten.ne.Tensor,
-        aten.lt.Tensor,
-        aten.le.Tensor,
-        aten.gt.Tensor,
-        aten.ge.Tensor,
-        aten.atan2.default,
-        aten.remainder.Tensor,
-    }
 )
 
 
@@ -210,22 +189,16 @@ def normalize_program(
     report.record("drop_noop_views", drop_noop_views(module))
     report.record("slices_of_cat", slices_of_cat(module))
     if channel_ops:
-        from etkit_quant.channel_ops import channel_ops_of_slices  # (it uses this module's)
-
         report.record("channel_ops_of_slices", channel_ops_of_slices(module))
     report.record("fold_constants", fold_constants(module, max_folded_elements))
     if dynamic_shapes is not None:  # (a one-size program's grid is folded: fold_constants)
         report.record("broadcast_stacks", separate_broadcast_stacks(module))
     report.record("merge_duplicates", merge_duplicates(module))
     report.record("tensor_scalars", tensor_scalars(module))
-    from etkit_quant.normalize_promotions import promoted_constants  # (it imports this module)
-
     report.record("promoted_constants", promoted_constants(module))
     report.record("ranked_scalar_constants", ranked_scalar_constants(module))
     if affine_grids:
-        from etkit_quant.affine_grids import affine_grids as rewrite  # (it uses this module's)
-
-        report.record("affine_grids", rewrite(module))
+        report.record("affine_grids", affine_grids_rewrite(module))
     if not report.changed:
         return program, report
     module.graph.eliminate_dead_code()
@@ -302,7 +275,7 @@ def adaptive_max_pools(module: GraphModule) -> list[str]:
         if target_name(node) != "aten::adaptive_max_pool2d" or len(node.args) < 2:
             continue
         source, sizes = node.args[0], node.args[1]
-        value = _value(source)
+        value = tensor_value(source)
         if not isinstance(source, Node) or value is None or value.dim() < 3:
             continue
         if not isinstance(sizes, (list, tuple)) or len(sizes) != 2:
@@ -332,9 +305,6 @@ def adaptive_max_pools(module: GraphModule) -> list[str]:
     if changed:
         module.recompile()
     return changed
-
-
-_value = tensor_value
 
 
 def drop_dead_code(module: GraphModule) -> list[str]:
@@ -491,8 +461,8 @@ def drop_noop_views(module: GraphModule) -> list[str]:
                 continue  # a pad that pads
         elif name not in _NOOP_VIEWS or not node.args:
             continue
-        source, result = node.args[0], _value(node)
-        value = _value(source)
+        source, result = node.args[0], tensor_value(node)
+        value = tensor_value(source)
         if not isinstance(source, Node) or value is None or result is None:
             continue
         same = (
@@ -523,7 +493,7 @@ def slices_of_cat(module: GraphModule) -> list[str]:
     for node in list(module.graph.nodes):
         if target_name(node) != "aten::slice.Tensor" or len(node.args) < 2:
             continue
-        cat, result = node.args[0], _value(node)
+        cat, result = node.args[0], tensor_value(node)
         if not isinstance(cat, Node) or target_name(cat) != "aten::cat" or result is None:
             continue
         inputs = cat.args[0]
@@ -533,7 +503,7 @@ def slices_of_cat(module: GraphModule) -> list[str]:
         arguments = [*node.args[1:], None, None, None][:4]  # dim, start, end, step
         cat_dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
         dim, start, end, step = arguments
-        values = [_value(i) for i in inputs]
+        values = [tensor_value(i) for i in inputs]
         if not (isinstance(dim, int) and isinstance(cat_dim, int)) or step not in (None, 1):
             continue
         if dim % rank != cat_dim % rank or any(v is None for v in values):
@@ -569,7 +539,7 @@ def _replace(node: Node, by: Node, names: list[str]) -> None:
 
 
 def _is_identity_conversion(node: Node) -> bool:
-    source, result = (_value(node.args[0]) if node.args else None), _value(node)
+    source, result = (tensor_value(node.args[0]) if node.args else None), tensor_value(node)
     if source is None or result is None:
         return False
     memory_format = node.kwargs.get("memory_format")
@@ -609,7 +579,7 @@ def fold_constants(module: GraphModule, max_elements: int = MAX_FOLDED_ELEMENTS)
                 replaced.append(node.name)
             continue
         with module.graph.inserting_before(node):
-            constant = _constant(module, value.clone(), node.name)
+            constant = add_constant(module, value.clone(), node.name)
         node.replace_all_uses_with(constant)
         replaced.append(node.name)
     if replaced:
@@ -633,11 +603,11 @@ def _fold_separated(module: GraphModule, node: Node, value: torch.Tensor, limit:
     if flat is not None and max(t.numel() for t in flat) > limit:
         flat = None
     with module.graph.inserting_before(node):
-        row = _constant(module, terms[0], node.name)
+        row = add_constant(module, terms[0], node.name)
         if flat is None:
-            add_where_read(module, node, [row, _constant(module, terms[1], node.name)])
+            add_where_read(module, node, [row, add_constant(module, terms[1], node.name)])
             return True
-        y, mask = (_constant(module, t, node.name) for t in flat)
+        y, mask = (add_constant(module, t, node.name) for t in flat)
     add_where_read(module, node, [row], rows=(y, mask))
     return True
 
@@ -654,19 +624,6 @@ def _foldable(node: Node, known: dict[Node, Any]) -> bool:
     if torch.Tag.nondeterministic_seeded in node.target.tags:
         return False
     return target_name(node) not in _METADATA_ASSERTS
-
-
-def _constant(module: GraphModule, value: torch.Tensor, hint: str) -> Node:
-    """A ``get_attr`` node of a new buffer of ``module`` holding ``value``."""
-    index = 0
-    while hasattr(module, f"_folded_{index}"):
-        index += 1
-    name = f"_folded_{index}"
-    module.register_buffer(name, value)
-    node = module.graph.get_attr(name)
-    node.meta["val"] = value
-    node.meta["etkit_folded_from"] = hint
-    return node
 
 
 def _drop_unused_constants(module: GraphModule) -> None:
@@ -693,7 +650,7 @@ def tensor_scalars(module: GraphModule) -> list[str]:
         tensor_form = _SCALAR_TO_TENSOR.get(node.target) if node.op == "call_function" else None
         if node.op == "call_function" and node.target in _SCALAR_OPERAND_TENSOR_OPS:
             tensor_form = node.target  # x.add(2.0): the tensor overload with a number
-        operand = _value(node.args[0]) if tensor_form is not None and node.args else None
+        operand = tensor_value(node.args[0]) if tensor_form is not None and node.args else None
         if operand is None or operand.dim() != 0 or len(node.args) < 2:
             continue
         scalar = node.args[1]
@@ -703,7 +660,7 @@ def tensor_scalars(module: GraphModule) -> list[str]:
         if isinstance(scalar, float) and not dtype.is_floating_point:
             dtype = torch.get_default_dtype()  # the scalar's kind decides: keep the promotion
         with module.graph.inserting_before(node):
-            constant = _constant(module, torch.tensor(scalar, dtype=dtype), node.name)
+            constant = add_constant(module, torch.tensor(scalar, dtype=dtype), node.name)
         node.target = tensor_form
         node.args = (node.args[0], constant, *node.args[2:])
         rewritten.append(node.name)
@@ -718,9 +675,9 @@ def ranked_scalar_constants(module: GraphModule) -> list[str]:
     unchanged: the op's output already has rank r. Returns the names of the rewritten ops."""
     rewritten: list[str] = []
     for node in list(module.graph.nodes):
-        if node.op != "call_function" or node.target not in _BROADCASTING:
+        if node.op != "call_function" or node.target not in BROADCASTING_OPS:
             continue
-        result = _value(node)
+        result = tensor_value(node)
         if result is None or result.dim() == 0:
             continue
         tensors = [a for a in node.args if isinstance(a, Node)]
@@ -729,11 +686,11 @@ def ranked_scalar_constants(module: GraphModule) -> list[str]:
             value = _scalar_constant(module, arg)
             if value is None or not isinstance(arg, Node):
                 continue
-            others = [_value(t) for t in tensors if t is not arg]
+            others = [tensor_value(t) for t in tensors if t is not arg]
             if not others or any(o is None or o.dtype != value.dtype for o in others):
                 continue  # a 0-dim tensor promotes differently from a ranked one
             with module.graph.inserting_before(node):
-                new_args[index] = _constant(
+                new_args[index] = add_constant(
                     module, value.reshape([1] * result.dim()).clone(), arg.name
                 )
         if new_args != list(node.args):

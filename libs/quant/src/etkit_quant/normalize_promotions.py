@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from etkit_quant.graph import attribute
-from etkit_quant.normalize import _BROADCASTING, _constant, _value
+from etkit_quant.graph import attribute, tensor_value
+from etkit_quant.graph_constants import BROADCASTING_OPS, add_constant
 
 aten = torch.ops.aten
 
@@ -37,9 +37,9 @@ def promoted_constants(module: GraphModule) -> list[str]:
     ops."""
     rewritten: list[str] = []
     for node in list(module.graph.nodes):
-        if node.op != "call_function" or node.target not in _BROADCASTING:
+        if node.op != "call_function" or node.target not in BROADCASTING_OPS:
             continue
-        result = _value(node)
+        result = tensor_value(node)
         if result is None or not result.dtype.is_floating_point:
             continue
         operands = node.args[1:] if node.target is aten.where.self else node.args  # no condition
@@ -53,11 +53,11 @@ def promoted_constants(module: GraphModule) -> list[str]:
             value = attribute(module, str(arg.target))
             if not hasattr(value, "dtype") or value.dtype.is_floating_point:
                 continue
-            others = [_value(t) for t in tensors if t is not arg]
+            others = [tensor_value(t) for t in tensors if t is not arg]
             if not others or any(o is None or not o.dtype.is_floating_point for o in others):
                 continue
             with module.graph.inserting_before(node):
-                new_args[index] = _constant(module, value.to(result.dtype), arg.name)
+                new_args[index] = add_constant(module, value.to(result.dtype), arg.name)
         if new_args != list(node.args):
             node.args = tuple(new_args)
             rewritten.append(node.name)

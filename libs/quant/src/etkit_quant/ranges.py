@@ -15,7 +15,8 @@ from torch.fx import GraphModule, Interpreter, Node
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_quant.boundary import user_inputs, user_outputs
-from etkit_quant.graph import coordinate_graph_inputs, is_grid_sampler
+from etkit_quant.gather_positions import coordinate_graph_inputs
+from etkit_quant.graph import is_grid_sampler
 from etkit_quant.qspecs import fixed_qparams, is_fixed, snorm8, snorm16
 from etkit_quant.samples import OnSample, _check_sample, _materialize
 
@@ -57,7 +58,8 @@ class ObservedRange:
     outside: tuple[tuple[float, float, int], ...] = ()
     coordinates: bool = False
     """A graph input that flows only into coordinate arithmetic or grid inputs
-    (``graph.coordinate_graph_inputs``): a coordinate map, a flow or a matrix given as input."""
+    (``gather_positions.coordinate_graph_inputs``): a coordinate map, a flow or a matrix given
+    as input."""
 
     @property
     def max_abs(self) -> float:
