@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every check: ruff (lint and format), mypy --strict for each package on its own, all tests.
+# Runs every check: ruff (lint and format), mypy --strict for each package on its own, each
+# library's public API against its last release (scripts/api_check.py), all tests.
 # Sets the environment up first (scripts/setup.sh --no-run; instant when already done).
 #
 #   scripts/check.sh [PYTEST_ARGS...]                        everything (what CI runs)
@@ -55,6 +56,8 @@ if ((${#packages[@]} == 0)); then
     echo "[check] mypy --strict $pkg"
     (cd "$pkg" && "$bin/mypy" --strict "${mypy_cache[@]}" src)
   done
+  echo "[check] public APIs against their releases (scripts/api_check.py)"
+  "$bin/python" scripts/api_check.py
   echo "[check] pytest"
   "${pytest_cmd[@]}" "$@"
   exit
@@ -66,6 +69,10 @@ for pkg in "${packages[@]}"; do
   "$bin/ruff" format --check "$pkg"
   echo "[check] $pkg: mypy --strict"
   (cd "$pkg" && "$bin/mypy" --strict "${mypy_cache[@]}" src)
+  if [ -d "$pkg/api" ]; then
+    echo "[check] $pkg: public API against its release"
+    "$bin/python" scripts/api_check.py "$pkg"
+  fi
   echo "[check] $pkg: pytest (from $pkg, with its own settings)"
   (cd "$pkg" && "${pytest_cmd[@]}" "$@")
 done

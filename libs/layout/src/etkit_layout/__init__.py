@@ -12,7 +12,7 @@ from etkit_layout.rgba import pad_rgb_to_rgba
 
 __version__ = "0.1.0"
 
-__all__ = [
+__all__: list[str] = [
     "LayoutFix",
     "PinResult",
     "__version__",

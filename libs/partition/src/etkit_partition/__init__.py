@@ -23,7 +23,7 @@ from etkit_partition.reductions import DetagMaximaOverChannels
 
 __version__ = "0.1.0"
 
-__all__ = [
+__all__: list[str] = [
     "DetagDynamicReshapes",
     "DetagInputQuantize",
     "DetagMaximaOverChannels",

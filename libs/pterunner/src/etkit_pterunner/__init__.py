@@ -46,6 +46,7 @@ from etkit_pterunner.errors import (
     PteFormatError,
     UnsupportedProgramError,
 )
+from etkit_pterunner.kernels import Frame
 from etkit_pterunner.kernels import resolve as resolve_operator
 from etkit_pterunner.model import (
     DelegateInfo,
@@ -62,13 +63,14 @@ from etkit_pterunner.trace import chrome_trace, write_chrome_trace
 
 __version__ = "0.1.0"
 
-__all__ = [
+__all__: list[str] = [
     "Backend",
     "DelegateCall",
     "DelegateCallRecord",
     "DelegateFn",
     "DelegateInfo",
     "ExecutionError",
+    "Frame",
     "Instruction",
     "KernelCallRecord",
     "ListInfo",

@@ -6,6 +6,7 @@
 - ``BoundaryQuantizer``: per-input, per-output and per-grid-sampler quantization on top of any
   PT2E quantizer;
 - ``quantize``: export, prepare, calibrate (over many samples), convert;
+- ``normalize_program``: a library-built graph made to look hand-written before quantization;
 - ``observer_states`` / ``load_observer_states``: one calibration serving other input sizes;
 - ``etkit_quant.calibration``: calibration samples checked (``samples``), value ranges observed
   in the float graph (``ranges``), boundary qspecs chosen from them (``defaults``), saturation
@@ -13,8 +14,20 @@
 - ``etkit_quant.graph``: the FX graph queries the other etkit libraries share.
 """
 
-from etkit_quant.boundary import BoundaryQuantizer, own_constants, user_inputs, user_outputs
+from etkit_quant.boundary import (
+    ANNOTATION_KEY,
+    ARM_ANNOTATION_INFO_KEY,
+    COORDINATE_ARITHMETIC,
+    GRID_MATHS,
+    USER_CHOICE,
+    BoundaryQuantizer,
+    float_reason,
+    own_constants,
+    user_inputs,
+    user_outputs,
+)
 from etkit_quant.calibration import (
+    POSITION_TOLERANCE_PX,
     SATURATION_THRESHOLD,
     DefaultQSpecs,
     ObservedRange,
@@ -23,6 +36,7 @@ from etkit_quant.calibration import (
     boundary_fixed_qspecs,
     check_calibration,
     clipping_report,
+    coordinate_position_error,
     default_qspec,
     default_qspecs,
     grid_qspec,
@@ -31,7 +45,7 @@ from etkit_quant.calibration import (
     saturation_report,
     value_qspec,
 )
-from etkit_quant.gather_positions import coordinate_graph_inputs
+from etkit_quant.gather_positions import coordinate_graph_inputs, is_index_gather
 from etkit_quant.graph import (
     DEQUANTIZE_TARGET_NAMES,
     GRID_SAMPLER_TARGET_NAMES,
@@ -44,15 +58,20 @@ from etkit_quant.graph import (
     is_dequantize,
     is_grid_sampler,
     is_quantize,
+    is_shape_op,
     operator_name,
     target_name,
+    tensor_value,
+    value_source,
 )
+from etkit_quant.normalize import NormalizationReport, normalize_program
 from etkit_quant.observers import (
     ObserverState,
     ObserverStates,
     load_observer_states,
     observer_states,
 )
+from etkit_quant.patching import PatchedWhileEntered
 from etkit_quant.qspecs import (
     FixedQParams,
     FixedQParamsObserverFactory,
@@ -70,22 +89,33 @@ from etkit_quant.qspecs import (
     unorm8,
 )
 from etkit_quant.quantize import quantize
+from etkit_quant.requantize import per_tensor_parameters, same_parameters
+from etkit_quant.samples import ReferenceFor
 
 __version__ = "0.1.0"
 
-__all__ = [
+__all__: list[str] = [
+    "ANNOTATION_KEY",
+    "ARM_ANNOTATION_INFO_KEY",
+    "COORDINATE_ARITHMETIC",
     "DEQUANTIZE_TARGET_NAMES",
+    "GRID_MATHS",
     "GRID_SAMPLER_TARGET_NAMES",
+    "POSITION_TOLERANCE_PX",
     "QUANTIZE_TARGET_NAMES",
     "SATURATION_THRESHOLD",
+    "USER_CHOICE",
     "BoundaryQuantizer",
     "DefaultQSpecs",
     "FixedQParams",
     "FixedQParamsObserverFactory",
+    "NormalizationReport",
     "ObservedRange",
     "ObserverState",
     "ObserverStates",
+    "PatchedWhileEntered",
     "RangeObservation",
+    "ReferenceFor",
     "Saturation",
     "__version__",
     "boundary_fixed_qspecs",
@@ -95,6 +125,7 @@ __all__ = [
     "coordinate_graph_inputs",
     "coordinate_inputs",
     "coordinate_nodes",
+    "coordinate_position_error",
     "covering",
     "default_qspec",
     "default_qspecs",
@@ -102,31 +133,39 @@ __all__ = [
     "fixed",
     "fixed_qparams",
     "fixed_scale",
+    "float_reason",
     "grid_position_nodes",
     "grid_qspec",
     "is_coordinate_op",
     "is_dequantize",
     "is_fixed",
     "is_grid_sampler",
+    "is_index_gather",
     "is_quantize",
+    "is_shape_op",
     "load_observer_states",
+    "normalize_program",
     "observe_ranges",
     "observed_int8",
     "observed_int16",
     "observer_states",
     "operator_name",
     "own_constants",
+    "per_tensor_parameters",
     "qformat",
     "quantize",
+    "same_parameters",
     "saturation",
     "saturation_report",
     "snorm8",
     "snorm16",
     "target_name",
+    "tensor_value",
     "unorm8",
     "user_inputs",
     "user_outputs",
     "value_qspec",
+    "value_source",
 ]
 
 # Quantization-aware training (qat.py): prepare, train, convert; grid-sampler replacement hook.

@@ -1,5 +1,5 @@
 """What Model Explorer shows about etkit's delegates, computed from a ``.pte`` read by
-``etkit_exporter.runner`` (no Model Explorer import here).
+``etkit_pterunner`` (no Model Explorer import here).
 
 Node ids follow the upstream ``.pte`` adapter (``pte-adapter-model-explorer``):
 ``{method}_{chain}_{instruction}`` for the instruction at that position of that chain, so that

@@ -2,7 +2,7 @@
 on the device, as Arm's ``scenario_runner`` runs it (docs/scenario.md).
 
 ``write_scenario`` turns a ``.pte`` (one method, ``forward`` unless told, read with
-``etkit_exporter.runner``) into a folder:
+``etkit_pterunner.PteProgram``) into a folder:
 
 - ``scenario.json``: the resources and commands, in the program's instruction order: one
   ``dispatch_vgf`` per VGF delegate call, one ``dispatch_compute`` per grid-sampler delegate
