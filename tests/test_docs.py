@@ -1,0 +1,185 @@
+"""The docs site (``mkdocs.yml``) builds with warnings as errors, its reference holds every public
+name of every library, and the guides' Python examples still match the code.
+
+- ``mkdocs build --strict``: a broken link or anchor, a module or function that does not exist,
+  a cross-reference to nothing, an ``etkit-export``/``etkit`` option the parsers do not have
+  (``docs/hooks/cli_reference.py``) each fail it; so does a page left out of the navigation.
+- The reference: the site's inventory (``objects.inv``, written by mkdocstrings) holds every
+  name in each library's ``__all__`` and every public function and class of its public modules.
+- The examples: every ```` ```python ```` block of the pages runs its imports, and each call
+  of an etkit function, class or method it names binds to that callable's signature (the
+  examples export models, which takes minutes: their calls are checked, not made).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import subprocess
+import sys
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import griffe
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+LIBRARIES = {
+    "etkit_quant": "libs/quant/src",
+    "etkit_partition": "libs/partition/src",
+    "etkit_layout": "libs/layout/src",
+    "etkit_gridsampler": "libs/gridsampler/src",
+    "etkit_pterunner": "libs/pterunner/src",
+}
+
+
+def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    return subprocess.run(
+        [str(mkdocs), "build", "--strict", "-f", str(config), "-d", str(site)],
+        cwd=config.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("site")
+    result = mkdocs_build(ROOT / "mkdocs.yml", site)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return site
+
+
+def inventory(site: Path) -> set[str]:
+    data = (site / "objects.inv").read_bytes()
+    start = 0
+    for _ in range(4):  # the four header lines of a Sphinx inventory
+        start = data.index(b"\n", start) + 1
+    return {line.split()[0] for line in zlib.decompress(data[start:]).decode().splitlines()}
+
+
+def public_objects(package: str, source: str) -> Iterator[str]:
+    """The paths of each library's ``__all__`` names and of the public functions and classes of
+    its public modules."""
+    module = griffe.load(package, search_paths=[ROOT / source], allow_inspection=False)
+    assert isinstance(module, griffe.Module)
+    yield from (f"{package}.{n}" for n in module.exports or () if not str(n).startswith("_"))
+
+    def walk(obj: griffe.Module) -> Iterator[str]:
+        for name, member in obj.members.items():
+            if name.startswith("_") or member.is_alias:  # (dunders: filtered out)
+                continue
+            if member.is_module:
+                yield from walk(member)  # type: ignore[arg-type]
+            elif member.is_function or member.is_class:
+                yield member.path
+
+    yield from walk(module)
+
+
+def test_the_site_builds_and_holds_every_public_name(site: Path) -> None:
+    names = inventory(site)
+    missing = [
+        path
+        for package, source in LIBRARIES.items()
+        for path in public_objects(package, source)
+        if path not in names
+    ]
+    assert missing == [], f"{len(missing)} public names not in the reference: {missing[:20]}"
+    assert "etkit_exporter.export.pipeline.export_model" in names
+    cli = (site / "reference" / "cli.html").read_text()
+    for option in ("--verify-tolerance", "--sampler-delegate", "--qat-checkpoint", "--etdump"):
+        assert option in cli, option
+
+
+@pytest.mark.parametrize(
+    ("page", "complaint"),
+    [
+        ("[a link](nowhere.md)\n", "nowhere.md"),
+        ("::: etkit_quant.no_such_function\n", "no_such_function"),
+    ],
+)
+def test_a_broken_link_or_a_missing_function_fails_the_build(
+    tmp_path: Path, page: str, complaint: str
+) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("# Test\n\n" + page)
+    config = tmp_path / "mkdocs.yml"
+    plugins = (
+        "plugins:\n  - mkdocstrings:\n      handlers:\n"
+        f"        python:\n          paths: [{ROOT / 'libs/quant/src'}]\n"
+    )
+    config.write_text("site_name: test\nstrict: true\n" + (plugins if ":::" in page else ""))
+    result = mkdocs_build(config, tmp_path / "site")
+    assert result.returncode != 0
+    assert complaint in result.stdout + result.stderr
+
+
+def test_an_option_the_commands_do_not_have_is_named() -> None:
+    sys.path.insert(0, str(DOCS / "hooks"))
+    try:
+        import cli_reference
+    finally:
+        sys.path.pop(0)
+    page = (
+        "`etkit-export demo --verify --verify-tolerence samples=4`, `--sizes`, `--no-such`\n"
+        "```sh\netkit run out --input a.png --etdump x  # --anything in a comment\n"
+        "etkit inspect out --jsn\n```\n"
+    )
+    assert sorted(cli_reference.unknown_options(page)) == [
+        "etkit inspect: no option --jsn",
+        "etkit-export: no option --verify-tolerence",
+        "no etkit option --no-such",
+    ]
+
+
+def python_examples() -> Iterator[tuple[str, str]]:
+    for path in sorted(DOCS.rglob("*.md")):
+        for index, block in enumerate(
+            re.findall(r"^```python\n(.*?)^```", path.read_text(), re.M | re.S)
+        ):
+            yield f"{path.relative_to(DOCS)}#{index}", block
+
+
+def callee(node: ast.expr, names: dict[str, Any]) -> Any:
+    """The object a call's function expression names, through imported names and attributes;
+    ``None`` where it is not known without running the example."""
+    if isinstance(node, ast.Name):
+        return names.get(node.id)
+    if isinstance(node, ast.Attribute):
+        owner = callee(node.value, names)
+        if owner is None:
+            return None
+        assert hasattr(owner, node.attr), f"{ast.unparse(node)}: no attribute {node.attr!r}"
+        return getattr(owner, node.attr)
+    return None
+
+
+@pytest.mark.parametrize(("where", "code"), list(python_examples()))
+def test_a_guide_example_matches_the_code(where: str, code: str) -> None:
+    tree = ast.parse(code, where)
+    names: dict[str, Any] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            exec(compile(ast.Module([node], []), where, "exec"), names)
+    names.pop("__builtins__", None)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        function = callee(node.func, names)
+        module = getattr(function, "__module__", "") or ""
+        if function is None or not module.startswith("etkit_") or not callable(function):
+            continue
+        signature = inspect.signature(function)
+        arguments = [None] * len(node.args)
+        keywords = {k.arg: None for k in node.keywords if k.arg is not None}
+        try:
+            signature.bind(*arguments, **keywords)
+        except TypeError as error:
+            raise AssertionError(f"{where}: {ast.unparse(node)[:80]}: {error}") from None
