@@ -10,30 +10,12 @@ bench/fuzz.py --models N`` runs more on demand.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
+import model_fuzz as mf  # beside this file: tests/ is on pytest's pythonpath
 import pytest
 import torch
-
-
-def _load_model_fuzz() -> Any:
-    """``model_fuzz.py`` beside this file (pytest imports tests by path, not as a package)."""
-    if "model_fuzz" in sys.modules:
-        return sys.modules["model_fuzz"]
-    spec = importlib.util.spec_from_file_location(
-        "model_fuzz", Path(__file__).with_name("model_fuzz.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["model_fuzz"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mf = _load_model_fuzz()
 
 SEEDS = (0, 6, 12, 13, 73, 97, 114, 181, 190)
 CI_SEEDS = (0, 13)  # the others on demand (-m extended); bench/fuzz.py runs hundreds

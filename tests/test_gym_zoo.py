@@ -14,31 +14,16 @@ clipping by the calibrated defaults. Skipped only where ``ng-model-gym`` is not 
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import gym_models as gym  # beside this file: tests/ is on pytest's pythonpath
 import pytest
 import torch
 
 from etkit_exporter import ExportResult, export_model
 
-
-def _load(name: str) -> Any:
-    """A module beside this file (pytest imports tests by path, not as a package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-gym = _load("gym_models")
 pytestmark = pytest.mark.skipif(
     not gym.gym_installed(), reason="ng-model-gym is not installed (scripts/setup.sh installs it)"
 )

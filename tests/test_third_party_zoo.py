@@ -15,7 +15,6 @@ any zoo model, exactly.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -25,23 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import third_party_models as zoo  # beside this file: tests/ is on pytest's pythonpath
 import torch
 
 from etkit_exporter import ExportResult, export_model
 
-
-def _load(name: str) -> Any:
-    """A module beside this file (pytest imports tests by path, not as a package)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-zoo = _load("third_party_models")
 KORNIA: dict[str, Any] = zoo.KORNIA_MODELS
 EXPECTATIONS: dict[str, Any] = zoo.KORNIA_EXPECTATIONS
 FLOAT_PSNR_DB = 38.0  # as tests/test_real_models.py: one int8 rounding of an image is ~48-59 dB

@@ -5,28 +5,13 @@ the clean programs pass. Every mutation on every model and target: bench/verdict
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import verdict_mutations as vm  # beside this file: tests/ is on pytest's pythonpath
 
 from etkit_exporter.export.demos import DEMOS
-
-
-def _load() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "verdict_mutations", Path(__file__).with_name("verdict_mutations.py")
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["verdict_mutations"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-vm = _load()
 
 # In CI: four kinds per target, of four classes each (a coordinate bias under a pixel,
 # truncation, one channel's weight scale, the output read a step up; a bias a step up, a grid
@@ -73,7 +58,32 @@ def _check(outcome: Any) -> None:
 def test_a_miscompilation_is_caught(clean: Any, index: int, tmp_path: Path) -> None:
     target, model, inputs, seen, _ = clean
     name = CI[target][index]
-    _check(vm.run_mutation(name, model, inputs, seen, tmp_path / name, target))
+    outcome = vm.run_mutation(name, model, inputs, seen, tmp_path / name, target)
+    _check(outcome)
+    if index == 0:  # a failed verdict localizes: the same rows and divergence as before
+        _same_as_before(outcome, model, inputs, tmp_path / (name + ".failed-verification"),
+                        target, tmp_path)  # fmt: skip
+
+
+def _same_as_before(
+    outcome: Any, model: Any, inputs: Any, kept: Path, target: str, scratch: Path
+) -> None:
+    """The failed verification (coordinates, localization and all) is the one the verdict
+    gave before it ran in bounded memory (tests/verdict_oracle.py), figure for figure."""
+    import shutil
+
+    import verdict_oracle
+
+    old = verdict_oracle.load(scratch / "oracle")
+    folder = scratch / "copy"
+    shutil.copytree(kept, folder)
+    seen = outcome.seen
+    before = old.verify_export(
+        folder, model, seen["quantized_model"], inputs, seen["io"], target
+    ).verification
+    assert before["verdict"]["result"] == "fail" and before["verdict"]["divergence"]
+    new, was = (verdict_oracle.comparable(v) for v in (seen["verification"], before))
+    assert verdict_oracle.first_difference(new, was) is None
 
 
 @pytest.mark.extended
