@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from bench_common import lookup_grid, measure, smooth_flow_grid
 
 from etkit_gridsampler import GridSampleOp, QParams, cpu
 
@@ -72,24 +72,6 @@ WORKLOADS = [
 ]
 
 
-def smooth_flow_grid(height: int, width: int) -> torch.Tensor:
-    ys, xs = torch.linspace(-1, 1, height), torch.linspace(-1, 1, width)
-    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-    flow_x = 0.01 * torch.sin(gy * 3.1) + 0.004 * torch.cos(gx * 5.3)
-    flow_y = 0.008 * torch.cos(gx * 2.7) - 0.003 * torch.sin(gy * 4.1)
-    return torch.stack((gx + flow_x, gy + flow_y), -1).unsqueeze(0)
-
-
-def lookup_grid(batch: int, height: int, width: int, generator: torch.Generator) -> torch.Tensor:
-    """batch x 9 x 9 x 2 (align_corners): a random point per image, -4..4 pixels around it."""
-    cx = torch.rand(batch, generator=generator) * (width - 1)
-    cy = torch.rand(batch, generator=generator) * (height - 1)
-    steps = torch.linspace(-4, 4, 9)
-    dy, dx = torch.meshgrid(steps, steps, indexing="ij")
-    x, y = cx[:, None, None] + dx, cy[:, None, None] + dy
-    return torch.stack((2 * x / (width - 1) - 1, 2 * y / (height - 1) - 1), -1)
-
-
 class Case:
     """One measured call; `every`: it runs in one round of that many (slow ones)."""
 
@@ -117,19 +99,6 @@ class Case:
         start = time.perf_counter()
         self.run()
         return time.perf_counter() - start
-
-
-def measure(cases: dict[str, Case], repeats: int) -> dict[str, float]:
-    """Median seconds per case. The cases take turns, round after round, so that every ratio
-    compares calls made under the same conditions on a shared, drifting machine."""
-    for case in cases.values():  # warm-up: caches, page faults, idle cores waking
-        for _ in range(2 if case.every == 1 else 1):
-            case.call()
-    for round_index in range(repeats):
-        for case in cases.values():
-            if round_index % case.every == 0:
-                case.times.append(case.call())
-    return {name: statistics.median(case.times) for name, case in cases.items()}
 
 
 try:

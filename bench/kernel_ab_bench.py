@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from bench_common import lookup_grid, smooth_flow_grid
 
 MODES = {"bilinear": 0, "nearest": 1}
 PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
@@ -118,23 +119,6 @@ WORKLOADS = [
     Workload("540p 16 channels bilinear", 1, 16, 540, 960),
     Workload("540p 16 channels nearest", 1, 16, 540, 960, mode="nearest"),
 ]  # fmt: skip
-
-
-def smooth_flow_grid(height: int, width: int) -> torch.Tensor:
-    ys, xs = torch.linspace(-1, 1, height), torch.linspace(-1, 1, width)
-    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-    flow_x = 0.01 * torch.sin(gy * 3.1) + 0.004 * torch.cos(gx * 5.3)
-    flow_y = 0.008 * torch.cos(gx * 2.7) - 0.003 * torch.sin(gy * 4.1)
-    return torch.stack((gx + flow_x, gy + flow_y), -1).unsqueeze(0)
-
-
-def lookup_grid(batch: int, height: int, width: int, generator: torch.Generator) -> torch.Tensor:
-    cx = torch.rand(batch, generator=generator) * (width - 1)
-    cy = torch.rand(batch, generator=generator) * (height - 1)
-    steps = torch.linspace(-4, 4, 9)
-    dy, dx = torch.meshgrid(steps, steps, indexing="ij")
-    x, y = cx[:, None, None] + dx, cy[:, None, None] + dy
-    return torch.stack((2 * x / (width - 1) - 1, 2 * y / (height - 1) - 1), -1)
 
 
 def inputs(w: Workload) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

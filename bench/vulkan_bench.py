@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import struct
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from bench_common import measure, smooth_flow_grid
 
 from etkit_gridsampler import GridSampleOp, QParams, cpu, vulkan
 from etkit_gridsampler._vulkan_compute import BoundDispatch, compile_glsl, default_device
@@ -39,14 +39,6 @@ SNORM16 = QParams(1 / 32767, 0, -32767, 32767, torch.int16)
 OP = GridSampleOp("bilinear", "border", False, SNORM8, SNORM16, SNORM8)
 ANCHOR_SHADER = Path(__file__).with_name("float_grid_sample.comp")
 ANCHOR_WORKGROUP = 64
-
-
-def smooth_flow_grid(height: int, width: int) -> torch.Tensor:
-    ys, xs = torch.linspace(-1, 1, height), torch.linspace(-1, 1, width)
-    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-    flow_x = 0.01 * torch.sin(gy * 3.1) + 0.004 * torch.cos(gx * 5.3)
-    flow_y = 0.008 * torch.cos(gx * 2.7) - 0.003 * torch.sin(gy * 4.1)
-    return torch.stack((gx + flow_x, gy + flow_y), -1).unsqueeze(0)
 
 
 def words(data: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -102,19 +94,6 @@ class Case:
         start = time.perf_counter()
         self.run()
         return time.perf_counter() - start
-
-
-def measure(cases: dict[str, Case], repeats: int) -> dict[str, float]:
-    """Median seconds per case. The cases take turns, round after round, so that every ratio
-    compares calls made under the same conditions on a shared, drifting machine."""
-    for case in cases.values():  # warm-up: caches, page faults, idle cores waking
-        for _ in range(3 if case.every == 1 else 1):
-            case.call()
-    for round_index in range(repeats):
-        for case in cases.values():
-            if round_index % case.every == 0:
-                case.times.append(case.call())
-    return {name: statistics.median(case.times) for name, case in cases.items()}
 
 
 def run_size(height: int, width: int, repeats: int) -> None:
@@ -188,7 +167,7 @@ def run_size(height: int, width: int, repeats: int) -> None:
             lambda: vulkan.grid_sample(image_q, grid_q, OP), every=3
         ),
     }
-    results = measure(cases, repeats)
+    results = measure(cases, repeats, warmups=3)
     for kernel in (etkit, generic, anchor):
         kernel.bound.close()
     print(f"\n1x4x{height}x{width}, bilinear, border, smooth flow near identity")
