@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -502,6 +502,8 @@ def observed_runs(into: dict[str, Any]) -> Iterator[None]:
         into["steps"] = [e.get("scale") or 1.0 for e in io["outputs"]]
         into["reference"] = [t.clone() for t in torch.utils._pytree.tree_leaves(reference)]
         into["verdict"] = run.verification.get("verdict")
+        into["verification"] = run.verification  # verify_export completes it after this run
+        into["quantized_model"], into["io"] = quantized, io
         return run
 
     verify.verify_run = spy  # type: ignore[assignment]
@@ -524,6 +526,7 @@ class Outcome:
     bias: float  # the change's mean over the envelope's bound on the mean
     reasons: list[str]
     error: str | None = None
+    seen: dict[str, Any] = field(default_factory=dict, repr=False)  # the observed run
 
 
 def export_verified(
@@ -578,7 +581,9 @@ def run_mutation(
     reasons = [r for o in verdict.get("outputs", []) for r in o.get("reasons", [])]
     reasons += [r for c in verdict.get("coordinates", []) for r in c.get("reasons", [])]
     other = None if error is None or caught else str(error).splitlines()[0]
-    return Outcome(name, applied, changed, same_references, caught, size, bias, reasons, other)
+    return Outcome(
+        name, applied, changed, same_references, caught, size, bias, reasons, other, seen
+    )
 
 
 def _size(seen: dict[str, Any], clean: dict[str, Any]) -> tuple[float, float]:

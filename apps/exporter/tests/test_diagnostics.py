@@ -16,7 +16,7 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from torch.fx.passes.infra.pass_manager import PassManager
 
 from etkit_exporter import ExportError, export_model
-from etkit_exporter.check.verify import verify_program
+from etkit_exporter.check.verify import verify_run
 from etkit_exporter.core.diagnostics import advice, capture_native_log, root_cause
 from etkit_exporter.export import lowering, pipeline
 from etkit_exporter.export.demos import DEMOS
@@ -78,7 +78,7 @@ def test_runtime_failure_carries_the_runtime_log_line(
     bad.write_bytes(bytes(corrupt))
     model, inputs = DEMOS["resample"]()
     with pytest.raises(RuntimeError, match=r"the runtime said: .*grid-sampler delegate"):
-        verify_program(
+        verify_run(
             bad,
             model,
             result.converted_model,  # type: ignore[attr-defined]

@@ -21,13 +21,9 @@ import torch.nn.functional as F
 from etkit_exporter import VerifyTolerance, export_model
 from etkit_exporter.artifact.staging import MANIFEST, foreign_content
 from etkit_exporter.check.envelope import HALF_SLACK
-from etkit_exporter.check.verdict import (
-    VerificationError,
-    failed_folder,
-    judge_outputs,
-    judge_tensor,
-    parse_tolerance,
-)
+from etkit_exporter.check.judgement import judge_outputs, judge_tensor
+from etkit_exporter.check.tolerance import parse_tolerance
+from etkit_exporter.check.verdict import VerificationError, failed_folder
 from etkit_exporter.export.demos import DEMOS
 
 STEP = 1 / 127  # an SNORM8 output's scale

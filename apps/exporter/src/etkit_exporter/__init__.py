@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from etkit_exporter.check.verdict import VerificationError, VerifyTolerance
+    from etkit_exporter.check.tolerance import VerifyTolerance
+    from etkit_exporter.check.verdict import VerificationError
     from etkit_exporter.core.errors import ExportError
     from etkit_exporter.export.pipeline import ExportResult, export_model
     from etkit_exporter.export.qat import qat_prepare
@@ -40,8 +41,12 @@ def __getattr__(name: str) -> Any:
         from etkit_exporter.export import qat
 
         return qat.qat_prepare
-    if name in ("VerificationError", "VerifyTolerance"):
+    if name == "VerificationError":
         from etkit_exporter.check import verdict
 
-        return getattr(verdict, name)
+        return verdict.VerificationError
+    if name == "VerifyTolerance":
+        from etkit_exporter.check import tolerance
+
+        return tolerance.VerifyTolerance
     raise AttributeError(f"module 'etkit_exporter' has no attribute {name!r}")

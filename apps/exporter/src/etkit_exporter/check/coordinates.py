@@ -19,14 +19,13 @@ here; such a program's coordinates are judged only through its outputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from etkit_exporter.check.envelope import Envelope, prediction_bound
-from etkit_exporter.check.references import References, conditional_values
+from etkit_exporter.check.envelope import Reducer, prediction_bound
 
 # The spread rule's floor: a grid within this of the quantized model's (pixels, root mean
 # square) is rounding whatever the envelope says (an int16 step at 4096 pixels is 1/16 pixel)
@@ -94,29 +93,61 @@ def coordinate_producers(graph: torch.fx.Graph, sites: list[SamplerSite]) -> dic
     return feeds
 
 
+def grid_reducer(sites: Sequence[SamplerSite], expected: torch.Tensor) -> Reducer:
+    """What an envelope run keeps of a grid ``sites`` sample at (one grid node): per site, its
+    mean square sampling-position error against ``expected`` (the quantized model's grid)."""
+
+    def reduce(grid: torch.Tensor) -> dict[str, float]:
+        return {site.node: _mean_square(site, grid, expected) for site in sites}
+
+    return reduce
+
+
+@dataclass
+class CoordinateCheck:
+    """What the coordinate rule needs of the reference graph: its samplers (``sites``), which
+    node feeds which sampler's grid (``producers``), the quantized model's grids, and the graph
+    run again with one tensor replaced (``conditional``: name, value -> each site grid's
+    value)."""
+
+    sites: list[SamplerSite]
+    producers: dict[str, list[int]]
+    grids: dict[str, torch.Tensor]
+    conditional: Callable[[str, torch.Tensor], Mapping[str, Any]]
+
+    def reducers(self) -> dict[str, Reducer]:
+        """The envelope's reducer of each site grid the rule reads."""
+        by_grid: dict[str, list[SamplerSite]] = {}
+        for site in self.sites:
+            if isinstance(self.grids.get(site.grid), torch.Tensor):
+                by_grid.setdefault(site.grid, []).append(site)
+        return {grid: grid_reducer(sites, self.grids[grid]) for grid, sites in by_grid.items()}
+
+
 def judge_coordinates(
-    record: Any,
     observed: Mapping[str, torch.Tensor],
-    references: References,
-    envelope: Envelope | None,
-    graph: torch.fx.Graph,
+    check: CoordinateCheck,
+    spread: Callable[[str], tuple[list[Any], list[Any]]],
     bias_px: float,
+    on_tensor: Callable[[int, int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Each tensor in ``observed`` (a delegate call's output, by the reference graph's node
     name) that feeds a sampler's grid, judged by the sampling positions it causes (module
     docstring): one row per (tensor, sampler) with ``bias_px`` (x, y), ``rms_px``,
-    ``rms_bound_px``, ``passes`` and ``reasons``."""
-    sites = sampler_sites(graph)
-    producers = coordinate_producers(graph, sites)
+    ``rms_bound_px``, ``passes`` and ``reasons``. ``spread(grid)``: the rounding envelope's
+    figures of a site grid in its dithered and its mode runs (``CoordinateCheck.reducers``'),
+    none for a float export. ``on_tensor(done, total)`` after each tensor."""
     rows: list[dict[str, Any]] = []
-    for name, value in observed.items():
-        indices = producers.get(name)
-        if not indices or not isinstance(value, torch.Tensor):
-            continue
-        values, _ = conditional_values(record, {name: value})
-        for index in indices:
-            site = sites[index]
-            grid, expected = values.get(site.grid), references.quantized.get(site.grid)
+    judged = [
+        (name, value)
+        for name, value in observed.items()
+        if check.producers.get(name) and isinstance(value, torch.Tensor)
+    ]
+    for done, (name, value) in enumerate(judged, 1):
+        values = check.conditional(name, value)
+        for index in check.producers[name]:
+            site = check.sites[index]
+            grid, expected = values.get(site.grid), check.grids.get(site.grid)
             if not isinstance(grid, torch.Tensor) or not isinstance(expected, torch.Tensor):
                 continue
             if not (grid.dtype.is_floating_point and expected.dtype.is_floating_point):
@@ -125,10 +156,10 @@ def judge_coordinates(
             bias = [float(error[:, 0].mean()), float(error[:, 1].mean())]
             mean_square = float((error * error).sum(dim=1).mean())
             bound = _FLOOR_PX**2
-            dithered, modes = envelope.node(site.grid) if envelope is not None else ([], [])
+            dithered, modes = spread(site.grid)
             if len(dithered) >= 2:
-                runs = [_mean_square(site, d, expected) for d in dithered]
-                mode_runs = [_mean_square(site, d, expected) for d in modes]
+                runs = [d[site.node] for d in dithered]
+                mode_runs = [d[site.node] for d in modes]
                 bound = max(bound, prediction_bound(runs), *mode_runs)
             reasons = [
                 f"sampling positions shifted {b:+.3g} px in {axis} (less than {bias_px:g} px "
@@ -154,6 +185,9 @@ def judge_coordinates(
             if reasons:
                 row["reasons"] = reasons
             rows.append(row)
+        del values
+        if on_tensor is not None:
+            on_tensor(done, len(judged))
     return rows
 
 

@@ -21,7 +21,7 @@ constant is not dithered: the program is given, or holds, the same integers.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -97,11 +97,19 @@ def _half_slack(v: torch.Tensor) -> torch.Tensor:
     return HALF_SLACK + v.abs() * _HALF_SLACK_ULPS
 
 
+# What an envelope run keeps of a tensor: the tensor itself, or what a reducer makes of it (the
+# figures a judgement needs), so that a run at 1080p keeps a few numbers per tensor, not its values
+Reducer = Callable[[torch.Tensor], Any]
+OutputReducer = Callable[[int, torch.Tensor], Any]  # an output's index and value
+
+
 class _Rounding(torch.fx.Interpreter):
     """Runs a quantized graph with its activation quantizes rounding as ``mode`` says:
     ``"dither"`` (``round(v + u)``, ``u`` uniform within the node's band), ``"up"`` or
-    ``"down"`` (halves, within ``HALF_SLACK``); records the values of the nodes named in
-    ``capture``."""
+    ``"down"`` (halves, within ``HALF_SLACK``); keeps the values of the nodes named in
+    ``capture`` (each through its reducer, when it has one). With ``needed`` (node names), only
+    those nodes are computed: a dithered quantize outside them still draws its noise, so that
+    every run draws the same numbers for the same node as a run of the whole graph."""
 
     def __init__(
         self,
@@ -109,57 +117,103 @@ class _Rounding(torch.fx.Interpreter):
         bands: dict[str, float],
         mode: str,
         generator: torch.Generator,
-        capture: Collection[str],
+        capture: Collection[str] | Mapping[str, Reducer | None],
+        needed: Collection[str] | None = None,
     ) -> None:
         super().__init__(module)
         self.bands, self.mode, self.generator = bands, mode, generator
-        self.capture = set(capture)
+        self.capture: Mapping[str, Reducer | None] = (
+            capture if isinstance(capture, Mapping) else dict.fromkeys(capture)
+        )
+        self.needed = None if needed is None else set(needed)
         self.values: dict[str, Any] = {}
 
     def run_node(self, n: torch.fx.Node) -> Any:
         band = self.bands.get(n.name)
+        if self.needed is not None and n.op == "call_function" and n.name not in self.needed:
+            if band is not None and self.mode == "dither":
+                _draw_noise(n, self.generator)
+            return None
         if band is None:
             value = super().run_node(n)
         else:
             args, _ = self.fetch_args_kwargs_from_env(n)
-            x, scale, zero_point, low, high, dtype = args[:6]
-            v = x.float() * (1.0 / float(scale))  # as the quantized model computes it
-            if self.mode == "up":
-                q = torch.floor(v + 0.5 + _half_slack(v))
-            elif self.mode == "down":
-                q = torch.ceil(v - 0.5 - _half_slack(v))
-            else:
-                u = torch.rand(v.shape, generator=self.generator, dtype=torch.float32)
-                q = torch.round(v + (2 * u - 1) * band)
-            value = torch.clamp(q + int(zero_point), low, high).to(dtype)
+            value = _round(args, band, self.mode, self.generator)
         if n.name in self.capture:
-            self.values[n.name] = value
+            reduce = self.capture[n.name]
+            self.values[n.name] = value if reduce is None else reduce(value)
         return value
+
+
+def _round(args: Sequence[Any], band: float, mode: str, generator: torch.Generator) -> Any:
+    """A quantize's integers under ``mode`` (``_Rounding``), in place on its scaled value: the
+    same float32 operations in the same order as ``round(v + (2u - 1) * band)`` written out,
+    each on one buffer (at 1080p each temporary is a page-faulted allocation of its own)."""
+    x, scale, zero_point, low, high, dtype = args[:6]
+    v = x.float() * (1.0 / float(scale))  # as the quantized model computes it
+    if mode == "up":
+        slack = _half_slack(v)
+        q = (v + 0.5).add_(slack).floor_()
+    elif mode == "down":
+        slack = _half_slack(v)
+        q = (v - 0.5).sub_(slack).ceil_()
+    else:
+        u = torch.rand(v.shape, generator=generator, dtype=torch.float32)
+        q = v.add_(u.mul_(2).sub_(1).mul_(band)).round_()
+    return q.add_(int(zero_point)).clamp_(low, high).to(dtype)
+
+
+def _draw_noise(node: torch.fx.Node, generator: torch.Generator) -> None:
+    """Draws what a dithered run of ``node`` draws, without computing it (its shape from the
+    graph's metadata)."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"the envelope cannot skip {node.name}: its shape is not recorded")
+    shape = tuple(_size(s) for s in value.shape)
+    torch.rand(shape, generator=generator, dtype=torch.float32)
+
+
+def _size(size: Any) -> int:
+    return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
+
+
+def ancestors(graph: torch.fx.Graph, names: Collection[str]) -> set[str]:
+    """The names of the nodes ``names`` are computed from, themselves included."""
+    by_name = {n.name: n for n in graph.nodes}
+    stack = [by_name[name] for name in names if name in by_name]
+    seen: set[str] = set()
+    while stack:
+        node = stack.pop()
+        if node.name not in seen:
+            seen.add(node.name)
+            stack.extend(node.all_input_nodes)
+    return seen
 
 
 @dataclass
 class Envelope:
     """The quantized model's outputs (and captured node values) under legitimate rounding:
-    ``dithered`` runs and the two ``modes`` runs, each ``(outputs, values by node name)``."""
+    ``dithered`` runs and the two ``modes`` runs, each ``(outputs, values by node name)``; each
+    output and value as its reducer left it (the tensor where it had none)."""
 
     dithered: list[tuple[list[Any], dict[str, Any]]]
     modes: list[tuple[list[Any], dict[str, Any]]]
     band: float
     dithered_quantizes: int
 
-    def outputs(self, index: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def outputs(self, index: int) -> tuple[list[Any], list[Any]]:
         """Output ``index`` of every dithered run, and of every mode run."""
         return (
             [outs[index] for outs, _ in self.dithered],
             [outs[index] for outs, _ in self.modes],
         )
 
-    def node(self, name: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def node(self, name: str) -> tuple[list[Any], list[Any]]:
         """Node ``name``'s value in every dithered run and every mode run (empty when it was
         not captured)."""
         return (
-            [v[name] for _, v in self.dithered if isinstance(v.get(name), torch.Tensor)],
-            [v[name] for _, v in self.modes if isinstance(v.get(name), torch.Tensor)],
+            [v[name] for _, v in self.dithered if v.get(name) is not None],
+            [v[name] for _, v in self.modes if v.get(name) is not None],
         )
 
 
@@ -169,21 +223,34 @@ def rounding_envelope(
     *,
     samples: int,
     band: float,
-    capture: Collection[str] = (),
+    capture: Collection[str] | Mapping[str, Reducer | None] = (),
+    outputs: OutputReducer | None = None,
+    needed: Collection[str] | None = None,
     seed: int = ENVELOPE_SEED,
+    on_run: Callable[[int, int], None] | None = None,
 ) -> Envelope:
     """``samples`` dithered runs and the two halves-rounding runs of the quantized ``module``
-    on ``inputs`` (module docstring), from a fixed ``seed`` (the verdict is reproducible)."""
+    on ``inputs`` (module docstring), from a fixed ``seed`` (the verdict is reproducible).
+    Each run keeps the nodes named in ``capture`` (a mapping gives each a reducer: the run keeps
+    what it returns, and the tensor goes) and its outputs, each through ``outputs(index,
+    tensor)`` when given; with ``needed``, only those nodes are computed (the run's outputs
+    are then not kept). ``on_run(done, total)`` after each run."""
     bands = quantize_bands(module, band)
     generator = torch.Generator().manual_seed(seed)
     runs: dict[str, list[tuple[list[Any], dict[str, Any]]]] = {"dither": [], "modes": []}
     plan = [("dither", "dither")] * samples + [("modes", "up"), ("modes", "down")]
     with torch.no_grad():
-        for kind, mode in plan:
-            interpreter = _Rounding(module, bands, mode, generator, capture)
+        for done, (kind, mode) in enumerate(plan, 1):
+            interpreter = _Rounding(module, bands, mode, generator, capture, needed)
             result = interpreter.run(*inputs)
-            outputs = [leaf for leaf in pytree.tree_leaves(result)]
-            runs[kind].append((outputs, interpreter.values))
+            kept: list[Any] = []
+            if needed is None:
+                leaves = pytree.tree_leaves(result)
+                kept = leaves if outputs is None else [outputs(i, y) for i, y in enumerate(leaves)]
+            del result
+            runs[kind].append((kept, interpreter.values))
+            if on_run is not None:
+                on_run(done, len(plan))
     return Envelope(runs["dither"], runs["modes"], band, len(bands))
 
 

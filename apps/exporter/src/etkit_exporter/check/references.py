@@ -3,7 +3,7 @@ ETRecord's quantized graph and in its float model, run on the record's represent
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -18,20 +18,29 @@ QDQ_OPS: Final = ("quantize_per_tensor", "dequantize_per_tensor", "quantize_per_
 
 
 class _Capture(torch.fx.Interpreter):
-    """Records every call_function node's value by name. A node named in ``overrides`` passes
-    on the given value (the program's) after recording its own, so that each node downstream is
-    computed from the program's values."""
+    """Records call_function nodes' values by name: every one, or those named in ``keep``. A
+    node named in ``overrides`` passes on the given value (the program's) after recording its
+    own, so that each node downstream is computed from the program's values. With ``needed``
+    (node names), only those nodes are computed (the rest are ``None``)."""
 
     def __init__(
-        self, module: torch.fx.GraphModule, overrides: Mapping[str, Any] | None = None
+        self,
+        module: torch.fx.GraphModule,
+        overrides: Mapping[str, Any] | None = None,
+        keep: Collection[str] | None = None,
+        needed: Collection[str] | None = None,
     ) -> None:
         super().__init__(module)
         self.values: dict[str, Any] = {}
         self.overrides = overrides or {}
+        self.keep = None if keep is None else set(keep)
+        self.needed = None if needed is None else set(needed)
 
     def run_node(self, n: torch.fx.Node) -> Any:
+        if self.needed is not None and n.op == "call_function" and n.name not in self.needed:
+            return None
         value = super().run_node(n)
-        if n.op == "call_function":
+        if n.op == "call_function" and (self.keep is None or n.name in self.keep):
             self.values[n.name] = value
         given = self.overrides.get(n.name)
         if (
@@ -43,17 +52,21 @@ class _Capture(torch.fx.Interpreter):
         return value
 
 
-def _capture(
-    program: Any, inputs: Sequence[torch.Tensor], overrides: Mapping[str, Any] | None = None
-) -> tuple[dict[str, Any], Any]:
-    """Every call_function node's value (by name) of ``program`` run on ``inputs`` (with
-    ``overrides`` passed on, see ``_Capture``), and the unlifted module whose graph those names
-    belong to."""
-    module = program.module()
-    capture = _Capture(module, overrides)
+def capture(
+    module: torch.fx.GraphModule,
+    inputs: Sequence[torch.Tensor],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    keep: Collection[str] | None = None,
+    needed: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """The values (by name) of ``module``'s call_function nodes run on ``inputs``: every one, or
+    those in ``keep`` (the rest freed as the run goes, as eager PyTorch frees them); only the
+    nodes in ``needed`` computed when given; ``overrides`` passed on (``_Capture``)."""
+    recorder = _Capture(module, overrides, keep, needed)
     with torch.no_grad():
-        capture.run(*inputs)
-    return capture.values, module
+        recorder.run(*inputs)
+    return recorder.values
 
 
 def reference_program(record: Any) -> tuple[Any, list[torch.Tensor]]:
@@ -65,19 +78,12 @@ def reference_program(record: Any) -> tuple[Any, list[torch.Tensor]]:
     return graph_map.get(REFERENCE_GRAPH, record.edge_dialect_program), inputs
 
 
-def conditional_values(
-    record: Any, overrides: Mapping[str, Any]
-) -> tuple[dict[str, Any], list[str | None]]:
-    """Every call_function node's value in the ETRecord's quantized graph, run on the record's
-    representative inputs with each node named in ``overrides`` (a delegate call's output node)
-    passing on the program's value instead of its own: what the quantized model computes for
-    each node from the program's own values upstream of it. Also the name of the node each
-    graph output is (``None`` for an output that is not a node's value)."""
-    program, inputs = reference_program(record)
-    values, module = _capture(program, inputs, overrides)
+def output_names(module: torch.fx.GraphModule) -> list[str | None]:
+    """The name of the node each graph output is (``None`` for an output that is no node's
+    value)."""
     output = next(n for n in module.graph.nodes if n.op == "output")
     leaves = pytree.tree_leaves(output.args[0])
-    return values, [leaf.name if isinstance(leaf, torch.fx.Node) else None for leaf in leaves]
+    return [leaf.name if isinstance(leaf, torch.fx.Node) else None for leaf in leaves]
 
 
 def _root(node: torch.fx.Node) -> tuple[str, int] | None:
@@ -131,15 +137,19 @@ class References:
 
 
 def reference_values(record: Any) -> References:
+    """Every node's value in the ETRecord's quantized graph and in its float model, run on the
+    record's representative inputs (``etkit inspect``: it shows any node)."""
     reference, inputs = reference_program(record)
     graph_map = record.graph_map or {}
-    quantized, module = _capture(reference, inputs)
+    module = reference.module()
+    quantized = capture(module, inputs)
     nodes = {n.name: n for n in module.graph.nodes}
     float_values: dict[str, Any] = {}
     float_by_root: dict[tuple[str, int], list[str]] = {}
     float_program = graph_map.get("float_model/forward")
     if float_program is not None:
-        float_values, float_module = _capture(float_program, inputs)
+        float_module = float_program.module()
+        float_values = capture(float_module, inputs)
         for node in float_module.graph.nodes:
             root = _root(node) if node.op == "call_function" else None
             if root is not None:

@@ -4,22 +4,23 @@ models it came from."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 from executorch.runtime import Runtime
 
+from etkit_exporter.check.envelope import rounding_envelope
+from etkit_exporter.check.judgement import judge_outputs, output_reducer
+from etkit_exporter.check.localization import Progress, judge_calls
 from etkit_exporter.check.metrics import psnr
 from etkit_exporter.check.pictures import is_image_like, write_panel
-from etkit_exporter.check.verdict import (
-    check_tolerance,
-    judge_calls,
-    judge_outputs,
-    output_envelope,
-)
+from etkit_exporter.check.tolerance import DEFAULT_TOLERANCE, VerifyTolerance
+from etkit_exporter.core import memory
 from etkit_exporter.core.backend_ids import GRID_SAMPLER_BACKEND, VGF_BACKEND
 from etkit_exporter.core.diagnostics import capture_native_log
 from etkit_exporter.core.io_params import float_output, program_input
@@ -32,7 +33,6 @@ from etkit_gridsampler.delegate_format import decode
 from etkit_gridsampler.op import dequantize
 
 if TYPE_CHECKING:
-    from etkit_exporter.check.verdict import VerifyTolerance
     from etkit_pterunner import DelegateFn
 
 logger = logging.getLogger(__name__)
@@ -212,22 +212,31 @@ class VerifiedRun:
         return verdict.get("result") != "fail"
 
 
-def verify_program(
-    pte: Path,
-    model: torch.nn.Module,
-    quantized_model: torch.nn.Module,
-    example_inputs: tuple[torch.Tensor, ...],
-    io_params: dict[str, Any],
-    target: str = "xnnpack",
-    pictures: Path | None = None,
-    *,
-    tolerance: VerifyTolerance | None = None,
-) -> dict[str, Any]:
-    """``verify_run(...).verification``."""
-    return verify_run(
-        pte, model, quantized_model, example_inputs, io_params, target, pictures,
-        tolerance=tolerance,
-    ).verification  # fmt: skip
+class _Steps:
+    """The verification's own stages, each timed and its peak resident memory watched (report
+    ``verification["stages"]``), announced to ``progress`` as they go."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self.progress = progress
+        self.figures: dict[str, dict[str, float | None]] = {}  # by stage, in order
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        if self.progress is not None:
+            self.progress(name, 0, 0)
+        start = time.perf_counter()
+        with memory.watch() as peak:
+            yield
+            high = peak()
+        self.figures[name] = {
+            "seconds": round(time.perf_counter() - start, 3),
+            "peak_mb": None if high is None else round(high / memory.MB, 1),
+        }
+
+    def runs(self, name: str) -> Callable[[int, int], None] | None:
+        """``progress`` of a step made of runs (done, total)."""
+        progress = self.progress
+        return None if progress is None else (lambda done, total: progress(name, done, total))
 
 
 def verify_run(
@@ -239,87 +248,146 @@ def verify_run(
     target: str = "xnnpack",
     pictures: Path | None = None,
     *,
-    tolerance: VerifyTolerance | None = None,
+    tolerance: VerifyTolerance = DEFAULT_TOLERANCE,
     float_export: bool = False,
     delegates: Mapping[str, DelegateFn] | None = None,
+    progress: Progress | None = None,
+    steps: _Steps | None = None,
 ) -> VerifiedRun:
     """Runs the written ``pte`` on integer inputs made from the example inputs through
     ``io_params`` (an XNNPACK program in ``executorch.runtime``; a VGF program, which that
-    runtime cannot run, in ``etkit_exporter.runner`` with its VGF delegates on the Vulkan device
-    through ``scenario_runner``), dequantizes its outputs and compares each with the float model
-    and with the quantized PT2E model: max abs error and PSNR, and for integer outputs against
-    the quantized model the steps apart (max and histogram). With ``pictures`` (a folder), each
-    image-like output gets ``verify_output_K.png`` there: float model, program, error heatmap
-    (``etkit_exporter.check.pictures``), named in its float-model comparison as ``picture``.
+    runtime cannot run, in etkit's runner (``etkit_exporter.programs``) with its VGF delegates
+    on the Vulkan device through ``scenario_runner``), dequantizes its outputs and compares each
+    with the float model and with the quantized PT2E model: max abs error and PSNR, and for
+    integer outputs against the quantized model the steps apart (max and histogram). With
+    ``pictures`` (a folder), each image-like output gets ``verify_output_K.png`` there: float
+    model, program, error heatmap (``etkit_exporter.check.pictures``), named in its float-model
+    comparison as ``picture``.
 
     ``verification["verdict"]`` judges each output against the quantized PT2E model with
-    ``tolerance`` (``etkit_exporter.check.verdict``; ``float_export``: the export is not quantized).
+    ``tolerance`` (``check.judgement``; ``float_export``: the export is not quantized).
     ``delegates`` (backend id -> Python implementation, as ``PteProgram.register_delegate``
     takes) runs the program in etkit's runner with those implementations in place of the
     built-in ones, whatever the target: to verify a program against another implementation
-    of a backend."""
+    of a backend. ``progress(stage, done, total)`` hears of each stage as it starts (0, 0) and
+    of each envelope run.
 
-    judged_by = check_tolerance(tolerance)
-    inputs = [
-        program_input(x, entry)
-        for x, entry in zip(example_inputs, io_params["inputs"], strict=True)
-    ]
-    rows: list[dict[str, Any]] | None = None
-    calls: list[Any] | None = None
-    if target == "vgf" or delegates:
-        raw, rows, calls = _run_in_etkit_runner(pte, inputs, delegates)
-    else:
-        raw = _run_in_executorch_runtime(pte, inputs)
-    actual = [float_output(y, e) for y, e in zip(raw, io_params["outputs"], strict=True)]
-    with torch.no_grad():
-        references = {
-            "float model": _outputs(model(*example_inputs)),
-            "quantized PT2E model": _outputs(quantized_model(*example_inputs)),
-        }
-    comparisons = []
-    for name, outputs in references.items():
-        for index, (y, ref) in enumerate(zip(actual, outputs, strict=True)):
-            y = y.contiguous().reshape(ref.shape)
-            comparison = {
-                "output": index,
-                "reference": name,
-                "max_abs_error": float((y - ref).abs().max()),
-                "psnr_db": psnr(y, ref),
-            }
-            entry = io_params["outputs"][index]
-            if name == "quantized PT2E model" and entry["scale"] is not None:
-                comparison.update(_steps(y, ref, entry))
-            if name == "float model" and pictures is not None and is_image_like(ref):
-                picture = f"verify_output_{index}.png"
-                db = comparison["psnr_db"]
-                write_panel(
-                    pictures / picture,
-                    ref,
-                    y,
-                    f"output {index} vs the float model: PSNR "
-                    + ("inf" if db is None else f"{db:.2f} dB")
-                    + f", max abs error {comparison['max_abs_error']:.4g}",
-                    quantized=references["quantized PT2E model"][index],
-                    step=entry["scale"],
-                )
-                comparison["picture"] = picture
-            comparisons.append(comparison)
+    Memory: the values are computed in the order the comparisons read them and dropped after;
+    the envelope's runs keep their figures (``judgement.output_reducer``), not their outputs.
+    ``verification["stages"]`` gives each stage's seconds and peak resident memory."""
+
+    steps = _Steps(progress) if steps is None else steps
+    with steps.step("program run"):
+        inputs = [
+            program_input(x, entry)
+            for x, entry in zip(example_inputs, io_params["inputs"], strict=True)
+        ]
+        rows: list[dict[str, Any]] | None = None
+        calls: list[Any] | None = None
+        if target == "vgf" or delegates:
+            raw, rows, calls = _run_in_etkit_runner(pte, inputs, delegates)
+        else:
+            raw = _run_in_executorch_runtime(pte, inputs)
+        actual = [float_output(y, e) for y, e in zip(raw, io_params["outputs"], strict=True)]
+    with steps.step("references"), torch.no_grad():
+        before = memory.resident()
+        with memory.watch() as forward_peak:
+            quantized = _outputs(quantized_model(*example_inputs))
+        forward = _working_set(before, forward_peak())
+        comparisons = [
+            *_compare(actual, _outputs(model(*example_inputs)), "float model", io_params,
+                      pictures, quantized),
+            *_compare(actual, quantized, QUANTIZED_MODEL, io_params, None, quantized),
+        ]  # fmt: skip
     runner = RUNNERS["vgf"] if calls is not None else RUNNERS.get(target, "executorch.runtime")
     if delegates:
         runner += " with " + ", ".join(f"{k} by a given implementation" for k in delegates)
     verification: dict[str, Any] = {"runner": runner, "comparisons": comparisons}
     if rows is not None:
         verification["delegates"] = rows
-    envelope = None if float_export else output_envelope(quantized_model, example_inputs, judged_by)
+    envelope = None
+    if not float_export and isinstance(quantized_model, torch.fx.GraphModule):
+        _require(forward, "the rounding envelope of the outputs (one quantized forward a run)")
+        with steps.step("envelope of the outputs"):
+            envelope = rounding_envelope(
+                quantized_model,
+                list(example_inputs),
+                samples=tolerance.samples,
+                band=tolerance.band,
+                outputs=output_reducer(quantized, io_params["outputs"]),
+                on_run=steps.runs("envelope of the outputs"),
+            )
     verification["verdict"] = judge_outputs(
-        actual,
-        references["quantized PT2E model"],
-        io_params["outputs"],
-        judged_by,
-        envelope=envelope,
+        actual, quantized, io_params["outputs"], tolerance, envelope=envelope,
         float_export=float_export,
-    )
+    )  # fmt: skip
+    if forward is not None:  # what one quantized forward needed: the unit of the estimates
+        steps.figures["references"]["quantized_forward_mb"] = round(forward / memory.MB, 1)
+    verification["stages"] = steps.figures
     return VerifiedRun(verification, inputs, [y.clone() for y in raw], calls)
+
+
+QUANTIZED_MODEL: Final = "quantized PT2E model"
+
+
+def _compare(
+    actual: list[torch.Tensor],
+    references: list[torch.Tensor],
+    name: str,
+    io_params: dict[str, Any],
+    pictures: Path | None,
+    quantized: list[torch.Tensor],
+) -> list[dict[str, Any]]:
+    """Each program output against ``references`` (the model called ``name``): max abs error
+    and PSNR; against the quantized model, the steps apart; with ``pictures``, each image-like
+    output's picture."""
+    comparisons = []
+    for index, (y, ref) in enumerate(zip(actual, references, strict=True)):
+        y = y.contiguous().reshape(ref.shape)
+        comparison: dict[str, Any] = {
+            "output": index,
+            "reference": name,
+            "max_abs_error": float((y - ref).abs().max()),
+            "psnr_db": psnr(y, ref),
+        }
+        entry = io_params["outputs"][index]
+        if name == QUANTIZED_MODEL and entry["scale"] is not None:
+            comparison.update(_steps(y, ref, entry))
+        if pictures is not None and is_image_like(ref):
+            picture = f"verify_output_{index}.png"
+            db = comparison["psnr_db"]
+            write_panel(
+                pictures / picture,
+                ref,
+                y,
+                f"output {index} vs the float model: PSNR "
+                + ("inf" if db is None else f"{db:.2f} dB")
+                + f", max abs error {comparison['max_abs_error']:.4g}",
+                quantized=quantized[index],
+                step=entry["scale"],
+            )
+            comparison["picture"] = picture
+        comparisons.append(comparison)
+    return comparisons
+
+
+def _working_set(before: int | None, high: int | None) -> int | None:
+    """What one forward needed beyond what the process held before it (bytes)."""
+    if before is None or high is None:
+        return None
+    return max(high - before, 0)
+
+
+def _require(forward: int | None, what: str) -> None:
+    """Refuses, in one line, a stage of about one quantized forward's working set more than is
+    free (``memory.require``)."""
+    if forward is not None:
+        memory.require(
+            forward,
+            what,
+            "close other programs, or verify at a smaller size (--sizes or a smaller example "
+            "input: the verdict judges the size it is given)",
+        )
 
 
 def verify_export(
@@ -330,36 +398,46 @@ def verify_export(
     io_params: dict[str, Any],
     target: str = "xnnpack",
     *,
-    tolerance: VerifyTolerance | None = None,
+    tolerance: VerifyTolerance = DEFAULT_TOLERANCE,
     float_export: bool = False,
     delegates: Mapping[str, DelegateFn] | None = None,
+    progress: Progress | None = None,
 ) -> VerifiedRun:
     """What ``export_model(verify=True)`` does with an export in ``folder`` (its ``model.pte``,
-    ``etrecord.bin`` and ``etrecord.json``): ``verify_run`` (pictures into ``folder``), and
-    when an output fails its tolerance, the localization (``check.verdict.localize``):
-    each delegate call against the quantized PT2E model's value of the same tensor, the first
+    ``etrecord.bin`` and ``etrecord.json``): ``verify_run`` (pictures into ``folder``); the
+    coordinate rule on every delegate call output upstream of a sampler's grid; when an output
+    or a coordinate fails its tolerance, the localization (``check.localization``): each
+    delegate call against the quantized PT2E model's value of the same tensor, the first
     failing one in ``verification["verdict"]["divergence"]`` and every call in
-    ``["delegate_calls"]``; then the Model Explorer per-node data. ``delegates`` as in
-    ``verify_run``."""
+    ``["delegate_calls"]``; then the Model Explorer per-node data. ``delegates`` and
+    ``progress`` as in ``verify_run``."""
 
-    judged_by = check_tolerance(tolerance)
+    steps = _Steps(progress)
     run = verify_run(
         folder / "model.pte", model, quantized_model, example_inputs, io_params, target,
-        pictures=folder, tolerance=judged_by, float_export=float_export, delegates=delegates,
+        pictures=folder, tolerance=tolerance, float_export=float_export, delegates=delegates,
+        progress=progress, steps=steps,
     )  # fmt: skip
     verdict = run.verification["verdict"]
-    first, rows, note, coordinates = judge_calls(
-        folder, judged_by, run.delegate_calls, io_params, float_export=float_export
-    )
-    verdict["coordinates"] = coordinates
-    wrong_places = [c for c in coordinates if not c["passes"]]
+    forward = steps.figures["references"].get("quantized_forward_mb")
+    if forward is not None:
+        _require(int(forward * memory.MB), "the coordinate rule and the localization")
+    with steps.step("coordinates and localization"):
+        found = judge_calls(
+            folder, tolerance, run.delegate_calls, io_params, float_export=float_export,
+            localize=verdict["result"] == "fail", progress=progress,
+        )  # fmt: skip
+    verdict["coordinates"] = found.coordinates
+    wrong_places = [c for c in found.coordinates if not c["passes"]]
     if wrong_places:
         verdict["result"] = "fail"
         verdict["failing_coordinates"] = [c["node"] for c in wrong_places]
     if verdict["result"] == "fail":
-        verdict["divergence"] = first
-        verdict["delegate_calls"] = rows
-        if note is not None:
-            verdict["localization_note"] = note
-    write_node_data(folder, run.verification)  # Model Explorer per-node data, per delegate
+        verdict["divergence"] = found.first
+        verdict["delegate_calls"] = found.rows
+        if found.note is not None:
+            verdict["localization_note"] = found.note
+    with steps.step("model explorer data"):
+        write_node_data(folder, run.verification)  # Model Explorer per-node data, per delegate
+    run.verification["stages"] = steps.figures
     return run

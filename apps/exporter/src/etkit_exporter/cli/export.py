@@ -509,7 +509,7 @@ def _tolerance_from(args: argparse.Namespace) -> Any:
     """``--verify-tolerance`` as a ``VerifyTolerance`` (``None`` when not given)."""
     if args.verify_tolerance is None:
         return None
-    from etkit_exporter.check.verdict import parse_tolerance
+    from etkit_exporter.check.tolerance import parse_tolerance
 
     try:
         return parse_tolerance(args.verify_tolerance)

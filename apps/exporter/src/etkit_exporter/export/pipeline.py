@@ -34,7 +34,8 @@ from etkit_exporter.check.bundle import (
     bundle_bytes,
     sidecar,
 )
-from etkit_exporter.check.verdict import check_tolerance, failed_destination, keep_failed
+from etkit_exporter.check.tolerance import check_tolerance
+from etkit_exporter.check.verdict import failed_destination, keep_failed
 from etkit_exporter.check.verify import (
     RUNNERS,
     VerifiedRun,
@@ -106,7 +107,7 @@ from etkit_quant import quantize as quantize_model
 from etkit_quant.normalize import normalize_program
 
 if TYPE_CHECKING:
-    from etkit_exporter.check.verdict import VerifyTolerance
+    from etkit_exporter.check.tolerance import VerifyTolerance
 
 logger = logging.getLogger(__name__)
 
