@@ -139,6 +139,41 @@ def test_an_option_the_commands_do_not_have_is_named() -> None:
     ]
 
 
+def pages_outside_the_site() -> list[Path]:
+    """The Markdown a reader meets outside ``docs/``: READMEs, ARCHITECTURE.md, the pages the
+    site includes (``--8<--``) and the measurement files. (CHANGELOGs name what was.)"""
+    return sorted(
+        {
+            ROOT / "README.md",
+            ROOT / "ARCHITECTURE.md",
+            *ROOT.glob("libs/*/README.md"),
+            *ROOT.glob("apps/*/README.md"),
+            *ROOT.glob("libs/*/docs/*.md"),
+            *ROOT.glob("apps/*/docs/*.md"),
+            *ROOT.glob("bench/results/*.md"),
+        }
+    )
+
+
+def test_the_pages_outside_the_site_name_what_exists() -> None:
+    """The READMEs' and included pages' dotted etkit names and etkit options are checked as the
+    site's are (``docs/hooks/cli_reference.py``)."""
+    sys.path.insert(0, str(DOCS / "hooks"))
+    try:
+        import cli_reference
+    finally:
+        sys.path.pop(0)
+    problems = [
+        f"{path.relative_to(ROOT)}: {problem}"
+        for path in pages_outside_the_site()
+        for problem in [
+            *cli_reference.missing_names(path.read_text(), str(ROOT)),
+            *cli_reference.unknown_options(path.read_text()),
+        ]
+    ]
+    assert problems == []
+
+
 def python_examples() -> Iterator[tuple[str, str]]:
     for path in sorted(DOCS.rglob("*.md")):
         for index, block in enumerate(

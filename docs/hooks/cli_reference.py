@@ -10,6 +10,8 @@ every option the pages name.
   options, and a code span holding only an option (`` `--sizes` ``) one of etkit's options or
   of ``FOREIGN_OPTIONS`` (other tools' options the pages name); otherwise a warning, which
   ``mkdocs build --strict`` turns into a failure.
+- A dotted etkit name in a code span (`` `etkit_quant.graph.tensor_value` ``) must name a
+  module, class, function or attribute of the sources: a moved or renamed one is a warning too.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("mkdocs.plugins.etkit_cli")
@@ -35,10 +38,25 @@ FOREIGN_OPTIONS = frozenset(
         "--release",  # scripts/api_check.py's
         "--strict",  # mkdocs build's
         "--change",  # duplicates'
+        "--no-deps",  # pip's
+        "--extensions",  # model-explorer's
+        "--timeout",  # bench/fuzz.py's
+        "--models",  # the benches'
     }
 )
 
+DOTTED = re.compile(r"`(etkit_[a-z]+(?:\.[A-Za-z_]\w*)+)(?:\(\))?`")
+SOURCES = (
+    "libs/quant/src",
+    "libs/partition/src",
+    "libs/layout/src",
+    "libs/gridsampler/src",
+    "libs/pterunner/src",
+    "apps/exporter/src",
+)
+
 _PARSERS: dict[str, argparse.ArgumentParser] = {}
+_MODULES: dict[str, Any] = {}
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
@@ -145,10 +163,36 @@ def unknown_options(markdown: str) -> list[str]:
     return problems
 
 
+def missing_names(markdown: str, root: str = ".") -> list[str]:
+    """The dotted etkit names in ``markdown``'s code spans (`` `etkit_quant.graph.tensor_value` ``)
+    that name no module, class, function or attribute of the sources (griffe, no imports)."""
+    import griffe
+
+    if not _MODULES:
+        loader = griffe.GriffeLoader(search_paths=[f"{root}/{s}" for s in SOURCES])
+        for source in SOURCES:
+            for package in sorted(p.parent.name for p in Path(root, source).glob("*/__init__.py")):
+                _MODULES[package] = loader.load(package)
+    problems = []
+    for path in sorted(set(DOTTED.findall(markdown))):
+        package, *parts = path.split(".")
+        if package not in _MODULES:  # a file name such as etkit_scenario.json
+            continue
+        obj = _MODULES[package]
+        for part in parts:
+            try:
+                obj = obj[part] if obj is not None else None
+            except (KeyError, ValueError, griffe.AliasResolutionError, griffe.CyclicAliasError):
+                obj = None
+        if obj is None:
+            problems.append(f"no {path} in the sources")
+    return problems
+
+
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
     markdown = MARKER.sub(lambda m: reference(m.group(1)), markdown)
     if CONFIG_MARKER in markdown:
         markdown = markdown.replace(CONFIG_MARKER, config_keys())
-    for problem in unknown_options(markdown):
+    for problem in [*unknown_options(markdown), *missing_names(markdown)]:
         log.warning("%s: %s", page.file.src_path, problem)
     return markdown
