@@ -53,7 +53,7 @@ def _conv(cin: int, cout: int, stride: int = 1) -> torch.nn.Sequential:
 
 def _warp(image: torch.Tensor, flow: torch.Tensor) -> torch.Tensor:
     """``image`` sampled at each pixel plus ``flow`` (pixels), RIFE's backward warp."""
-    n, _, height, width = image.shape
+    _, _, height, width = image.shape
     ys, xs = torch.linspace(-1, 1, height), torch.linspace(-1, 1, width)
     grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
     base = torch.stack((grid_x, grid_y), -1).unsqueeze(0)

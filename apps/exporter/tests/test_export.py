@@ -123,6 +123,16 @@ def test_report_contents(flow_warp_xnnpack: Any) -> None:
         "load",
         "verify",
     } <= set(timings["timings_s"])
+    # each stage's peak resident memory beside its time, the verification's own stages too;
+    # none of it in report.json (measured figures differ from run to run)
+    assert set(timings["peak_memory_mb"]) == set(timings["timings_s"])
+    assert all(mb is None or mb > 100 for mb in timings["peak_memory_mb"].values())
+    verification_stages = timings["verification_stages"]
+    assert list(verification_stages)[:3] == [
+        "program run", "references", "envelope of the outputs",
+    ]  # fmt: skip
+    assert all(v["seconds"] >= 0 for v in verification_stages.values())
+    assert "stages" not in report["verification"] and "peak_memory_mb" not in report
     assert report["versions"]["executorch"] == "1.5.1"
     markdown = (flow_warp_xnnpack.artifacts_root / "report.md").read_text()
     for heading in (

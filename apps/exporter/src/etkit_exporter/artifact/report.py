@@ -176,7 +176,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += inspection_markdown(report.get("inspect"))
     if report.get("scenario"):
         lines += ["", *scenario_markdown(report["scenario"])]
-    lines += _timings_markdown(report.get("timings_s"))
+    lines += _timings_markdown(report.get("timings_s"), report.get("peak_memory_mb"))
     lines += ["", "## Toolchain", ""]
     lines += _table(["package", "version"], [[k, v] for k, v in report["versions"].items()])
     return "\n".join(lines) + "\n"
@@ -401,16 +401,26 @@ def _delegate_calls_markdown(calls: list[dict[str, Any]] | None) -> list[str]:
     ]
 
 
-def _timings_markdown(timings: dict[str, float] | None) -> list[str]:
+def _timings_markdown(
+    timings: dict[str, float] | None, report_peaks: dict[str, float | None] | None = None
+) -> list[str]:
     """The "Stage timings" section (report.md written by ``write_report`` points to
     ``timings.json`` instead, so that the report does not differ from run to run)."""
     lines = ["", "## Stage timings", ""]
     if timings is None:
         return [
             *lines,
-            f"In {TIMINGS_NAME} (measured times differ from run to run; this report not).",
+            f"In {TIMINGS_NAME}: each stage's seconds (`timings_s`), peak resident memory "
+            "(`peak_memory_mb`) and the verification's own stages (`verification_stages`); "
+            "measured figures differ from run to run, this report does not.",
         ]
-    return lines + _table(["stage", "seconds"], [[k, v] for k, v in timings.items()])
+    peaks = report_peaks or {}
+    rows = [[k, v, _mb(peaks.get(k))] for k, v in timings.items()]
+    return lines + _table(["stage", "seconds", "peak resident MB"], rows)
+
+
+def _mb(value: float | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
 
 
 def _db(value: float | None) -> str:
@@ -550,17 +560,23 @@ def inspection_markdown(inspection: dict[str, Any] | None) -> list[str]:
 
 
 TIMINGS_NAME = "timings.json"
-# What differs from run to run, written to timings.json: the stage timings and the profile of
-# the calls inside them (``etkit_exporter.export.pass_profile``)
-MEASURED_KEYS = ("timings_s", "profile_s")
+# What differs from run to run, written to timings.json: the stage timings, each stage's peak
+# resident memory and the profile of the calls inside them (``etkit_exporter.export.pass_profile``)
+MEASURED_KEYS = ("timings_s", "peak_memory_mb", "profile_s")
 
 
 def write_report(report: dict[str, Any], folder: Path) -> None:
-    """``report.json`` and ``report.md`` in ``folder``, and the stage timings (``timings_s``)
-    and their profile (``profile_s``), which differ from run to run, apart in ``timings.json``,
-    so that two exports of one model write the same report files (and manifest)."""
+    """``report.json`` and ``report.md`` in ``folder``, and the measured figures, which differ
+    from run to run, apart in ``timings.json``: the stage timings (``timings_s``), each stage's
+    peak resident memory (``peak_memory_mb``), their profile (``profile_s``) and the
+    verification's own stages (``verification_stages``: seconds and peak MB each), so that two
+    exports of one model write the same report files (and manifest)."""
     measured = {k: report[k] for k in MEASURED_KEYS if k in report}
     written = {k: v for k, v in report.items() if k not in MEASURED_KEYS}
+    verification = written.get("verification")
+    if isinstance(verification, dict) and "stages" in verification:  # its own stages' cost
+        measured["verification_stages"] = verification["stages"]
+        written["verification"] = {k: v for k, v in verification.items() if k != "stages"}
     (folder / "report.json").write_text(json.dumps(written, indent=2, default=str) + "\n")
     (folder / "report.md").write_text(render_markdown(written))
     if "timings_s" in measured:

@@ -260,6 +260,18 @@ class _Progress(_TerminalOutput):
             self.stream.write(f"stage {stage}: {seconds:.2f} s\n")
         self.stream.flush()
 
+    def step(self, what: str, done: int, total: int) -> None:
+        """A long stage's progress (``export_model``'s ``on_progress``): on a terminal the line
+        says which part of the verification runs and how many of its runs are done; otherwise
+        one line as each part starts."""
+        raise_stop_signal()
+        if self.tty:
+            count = f" {done}/{total} runs" if total else ""
+            self.stream.write(f"\r\033[K  verify: {what}{count}")
+        elif not total:
+            self.stream.write(f"verify: {what}\n")
+        self.stream.flush()
+
 
 def _summary(result: Any, seconds: float) -> str:
     from etkit_quant import describe_qspec
@@ -397,6 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for note in destination.notes:
         print(f"note: {note}", flush=True)
     progress = OpenLine(sys.stdout)
+    stage_progress = _Progress(progress)
     try:
         if qat is not None:  # the float model prepared as it trained, the checkpoint loaded
             model = _qat_model(args, model, inputs, qat, _SampleProgress(progress))
@@ -422,7 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sampler_delegate=args.sampler_delegate,
             **sized,
             force=args.force,
-            on_stage=_Progress(progress),
+            on_stage=stage_progress,
+            on_progress=stage_progress.step,
             extra_artifacts={CONFIG_NAME: render_config(_config_of(args, name, out)).encode()},
         )
     except (TypeError, ValueError, FileExistsError) as error:

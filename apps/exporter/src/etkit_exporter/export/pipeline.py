@@ -10,7 +10,6 @@ import json
 import logging
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,7 +41,6 @@ from etkit_exporter.check.verify import (
     check_program_loads,
     verify_export,
 )
-from etkit_exporter.core.diagnostics import advice, root_cause
 from etkit_exporter.core.errors import ExportError
 from etkit_exporter.core.io_params import io_table, with_pte_layouts
 from etkit_exporter.core.version import __version__
@@ -72,11 +70,12 @@ from etkit_exporter.export.lowering import (
     target_backend,
 )
 from etkit_exporter.export.maxima import channel_maxima_last
-from etkit_exporter.export.pass_profile import PassProfile, profiled
+from etkit_exporter.export.pass_profile import profiled
 from etkit_exporter.export.provenance import shared_provenance
 from etkit_exporter.export.qat import QatExport, is_qat_model, qat_export, quantization_given
 from etkit_exporter.export.quantization import boundary_quantizer
 from etkit_exporter.export.scenarios import export_scenario
+from etkit_exporter.export.stages import ProgressCallback, Stages
 from etkit_gridsampler import GridSamplerBackend, GridSamplerPartitioner
 from etkit_gridsampler.call_sites import check_call_sites
 from etkit_gridsampler.vgf_shader import (
@@ -128,36 +127,6 @@ class ExportResult:
     sizes: dict[str, Any] | None = None  # report.json's "sizes": methods, bounds, bytes, verdicts
 
 
-class _Stages:
-    def __init__(self, callback: StageCallback | None, suffix: str = "", timings: Any = None,
-                 profile: PassProfile | None = None):  # fmt: skip
-        self.timings: dict[str, float] = {} if timings is None else timings
-        self.callback, self.suffix = callback, suffix
-        self.profile = PassProfile() if profile is None else profile  # upstream's calls timed
-
-    def at(self, label: str) -> _Stages:
-        """The stages at another size: ``capture [540x960]``, timed with these."""
-        return _Stages(self.callback, f" [{label}]", self.timings, self.profile)
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        name += self.suffix
-        start = time.perf_counter()
-        outer, self.profile.stage = self.profile.stage, name
-        try:
-            yield
-        except Exception as error:
-            hint = advice(error)
-            what_to_do = f". What to do: {hint}" if hint else ""
-            raise ExportError(f"stage '{name}' failed: {root_cause(error)}{what_to_do}") from error
-        finally:
-            self.profile.stage = outer
-        seconds = time.perf_counter() - start
-        self.timings[name] = round(seconds, 3)
-        if self.callback is not None:
-            self.callback(name, seconds)
-
-
 def _keeps_train_mode(export: Callable[..., ExportResult]) -> Callable[..., ExportResult]:
     """``export``, leaving the caller's model in the train/eval mode of each of its modules as
     it was (an export runs it in eval mode)."""
@@ -203,6 +172,7 @@ def export_model(
     etrecord: str = "slim",
     force: bool = False,
     on_stage: StageCallback | None = None,
+    on_progress: ProgressCallback | None = None,
     on_calibration_sample: Callable[[int, int], None] | None = None,
     extra_artifacts: Mapping[str, bytes] | None = None,
 ) -> ExportResult:
@@ -231,18 +201,21 @@ def export_model(
     ``extra_artifacts``: more files (name -> bytes) written into the artifacts folder and
     listed in its manifest, such as the CLI's ``export.toml``. ``verify`` (target "xnnpack")
     runs the program in ``executorch.runtime`` and compares it with the float and the quantized
-    model (target "vgf": in ``etkit_exporter.runner``, its VGF delegates run by
-    ``scenario_runner`` on the Vulkan device), and judges each output against the quantized
-    model with ``verify_tolerance`` (``etkit_exporter.check.verdict.VerifyTolerance`` or its text;
-    the README's "Verification verdict"; giving one implies ``verify``): a failure raises
-    ``VerificationError`` naming the failing outputs and the first delegate call that
-    diverges, and the export is kept in ``artifacts_root.failed-verification``, never at
+    model (target "vgf": in etkit's runner, ``etkit_exporter.programs``, its VGF delegates run
+    by ``scenario_runner`` on the Vulkan device), and judges each output against the quantized
+    model with ``verify_tolerance`` (``etkit_exporter.check.tolerance.VerifyTolerance`` or its
+    text; the docs' "Verification verdict"; giving one implies ``verify``): a failure raises
+    ``VerificationError`` naming the failing outputs and the first delegate call that diverges,
+    and the export is kept in ``artifacts_root.failed-verification``, never at
     ``artifacts_root``. Every export loads the program it wrote before it succeeds (stage
-    ``load``). ``bundle`` (implies ``verify``) also writes ``model.bpte``: the program with the
-    example inputs in its IO types and, as expected outputs, what it returned on them in that
-    verified run; ``model.bpte.json`` beside it says so and gives the tolerance
-    (``etkit_exporter.check.bundle``). ``scenario`` (target "vgf") also writes ``scenario/``: the
-    whole program as one Vulkan scenario for ``scenario_runner``
+    ``load``). ``on_stage(name, seconds)`` hears of each stage as it ends (each stage's time and
+    peak resident memory also go to report.json's ``timings_s`` and ``peak_memory_mb``, written
+    to ``timings.json``), ``on_progress(what, done, total)`` of a verification's parts as they
+    start (total 0) and of its envelope runs. ``bundle`` (implies ``verify``) also writes
+    ``model.bpte``: the program with the example inputs in its IO types and, as expected
+    outputs, what it returned on them in that verified run; ``model.bpte.json`` beside it says
+    so and gives the tolerance (``etkit_exporter.check.bundle``). ``scenario`` (target "vgf")
+    also writes ``scenario/``: the whole program as one Vulkan scenario for ``scenario_runner``
     (``etkit_exporter.vgf.scenario_writer``; a program it cannot express gets none, the report's
     ``scenario`` section saying why). ``sampler_delegate`` (target "vgf"): keep the grid
     samplers in etkit's own delegate between VGF delegates; by default each sampler the integer
@@ -304,7 +277,7 @@ def export_model(
     failed = failed_destination(root, force) if verify else None
     for note in destination.notes:
         logger.warning("%s", note)
-    stages = _Stages(on_stage)
+    stages = Stages(on_stage, progress=on_progress)
     try:
         with (
             _sigterm_as_exit(),
@@ -393,7 +366,7 @@ def _run(
     tosa_spec: str,
     verify: bool,
     bundle: bool,
-    stages: _Stages,
+    stages: Stages,
     scenario: bool = False,
     sampler_delegate: bool = False,
     tolerance: Any = None,
@@ -493,7 +466,7 @@ def _quantize(
     quant: QuantOptions,
     target: str,
     tosa_spec: str,
-    stages: _Stages,
+    stages: Stages,
     qat: QatExport | None = None,
     *,
     plan: sizing.SizePlan | None = None,
@@ -594,7 +567,7 @@ def _lower(
     inputs: tuple[torch.Tensor, ...],
     target: str,
     sampler_delegate: bool,
-    stages: _Stages,
+    stages: Stages,
 ) -> _Lowered:
     """Stages re_export to check_delegates: the program on its delegates, its layouts pinned,
     its IO parameters extracted."""
@@ -683,7 +656,7 @@ def _write_program(
     work: Path,
     intermediates: Path,
     target: str,
-    stages: _Stages,
+    stages: Stages,
     methods: Sequence[multi.Method] = (),
     full_record: bool = False,
 ) -> dict[str, Any]:
@@ -723,7 +696,7 @@ def _verify(
     target: str,
     tolerance: Any,
     quant: QuantOptions,
-    stages: _Stages,
+    stages: Stages,
     qat: QatExport | None = None,
 ) -> tuple[dict[str, Any], VerifiedRun]:
     """Stage verify: the verdict on the written program (``forward``). Returns the
@@ -731,7 +704,7 @@ def _verify(
     with stages.stage("verify"):  # the verdict, and where a failing program diverges
         run = multi.verifier(quantized.dynamic, verify_export)(
             work, model, quantized.converted, inputs, io_params, target,
-            tolerance=tolerance, float_export=not quant.enabled,
+            tolerance=tolerance, float_export=not quant.enabled, progress=stages.progress,
         )  # fmt: skip
         verification = run.verification
         if qat is not None:  # the program against the QAT model's eval forward
@@ -749,7 +722,7 @@ def _bundle(
     target: str,
     verification: dict[str, Any],
     cases: list[BundleCase],
-    stages: _Stages,
+    stages: Stages,
 ) -> None:
     """Stage bundle: model.bpte (every verified run as a test case: ``forward``'s, and each
     other method's or range size's) and its sidecar, when the verdict passed (every size's): a
@@ -773,7 +746,7 @@ def _report(
     scenario_section: dict[str, Any] | None,
     float_section: dict[str, Any],
     intermediates: Path,
-    stages: _Stages,
+    stages: Stages,
 ) -> dict[str, Any]:
     """report.json's content: the lowering, the IO table, the stage timings so far, the
     verification, the saturation records, the scenario, where each grid sampler went and the
@@ -798,4 +771,5 @@ def _report(
         float_section["coordinate_inputs"] = quantized.coordinates
     report["float_ops"] = float_section
     report["profile_s"] = stages.profile.section(stages.timings)
+    report["peak_memory_mb"] = stages.peaks  # each stage's peak resident memory
     return report
