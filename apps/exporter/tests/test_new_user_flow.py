@@ -1,8 +1,8 @@
-"""What a new user does in the first hour, as the READMEs show it: a model file of their own that
-imports a module beside it, exported from its folder with `-m mymodel:make`, calibration PNGs in
-per-sample folders with `--image-range -1,1`, a bundled XNNPACK export; then `etkit run` on
-inputs of the wrong kind, the program without its io_quant_params.json, and the README's
-pybindings snippet for the bundle. One export serves every test here."""
+"""What a new user does in the first hour, as the docs' guides show it: a model file of their
+own that imports a module beside it, exported from its folder with `-m mymodel:make`,
+calibration PNGs in per-sample folders with `--image-range -1,1`, a bundled XNNPACK export;
+then `etkit run` on inputs of the wrong kind, the program without its io_quant_params.json, and
+the run guide's pybindings snippet for the bundle. One export serves every test here."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def make():
     return FlowWarp(), (torch.rand(1, 3, 16, 16) * 2 - 1, torch.rand(1, 3, 16, 16) * 2 - 1)
 """
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+# The guide holding the pybindings snippet (docs/how-to/run.md of the repository).
+RUN_GUIDE = Path(__file__).resolve().parents[3] / "docs" / "how-to" / "run.md"
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,7 @@ def test_run_without_io_quant_params_says_so(
 
 
 def _readme_pybindings_snippet() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    blocks = re.findall(r"```python\n(.*?)```", RUN_GUIDE.read_text(), flags=re.DOTALL)
     (snippet,) = [b for b in blocks if "_load_bundled_program_from_buffer" in b]
     return snippet
 
@@ -143,7 +144,7 @@ def _readme_pybindings_snippet() -> str:
 def test_readme_pybindings_snippet_checks_the_bundle(
     user: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
-    """The README's code, as written, in the export's folder; the grid-sampler backend's
+    """The run guide's code, as written, in the export's folder; the grid-sampler backend's
     registration in it is what makes it work."""
     folder, _ = user
     snippet = _readme_pybindings_snippet()
