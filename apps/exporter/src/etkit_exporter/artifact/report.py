@@ -449,7 +449,7 @@ def verdict_markdown(verdict: dict[str, Any] | None, *, top: bool) -> list[str]:
     tolerance = verdict.get("tolerance", {})
     lines = [
         f"Verdict: **{'fail' if failed else 'pass'}** against the quantized PT2E model; "
-        f'README, "Verification verdict": {tolerance_text(tolerance)}.',
+        f"the verdict's rules (etkit's docs, explanation): {tolerance_text(tolerance)}.",
         "",
     ]
     judged = envelope_lines(verdict)

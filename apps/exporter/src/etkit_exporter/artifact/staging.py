@@ -1,7 +1,8 @@
 """The artifacts folder: where an export may go, what it may replace, and replacing it so that a
 kill at any instant leaves either the previous export or the new one in place.
 
-Rules (the README's "What --force replaces" says the same to users):
+Rules (the docs' reference, "Where exports go, and what ``--force`` replaces",
+``docs/reference/artifacts.md``, says the same to users):
 
 - An export is written into a staging folder ``.NAME.etkit-new-XXXXXXXX`` beside ``NAME`` and
   committed by an atomic exchange of the two folders (``renameat2(RENAME_EXCHANGE)``; where the

@@ -40,8 +40,8 @@ def verdict_lines(verdict: Mapping[str, Any]) -> list[str]:
 
 
 def tolerance_text(tolerance: Mapping[str, Any]) -> str:
-    """The verdict's rules with a verdict's tolerance, in words (README, "Verification
-    verdict")."""
+    """The verdict's rules with a verdict's tolerance, in words (the docs' "The verdict's rules",
+    ``docs/explanation/verdict.md``)."""
     text = (
         f"outputs within the rounding envelope ({tolerance.get('samples', 0):g} runs of the "
         f"quantized model rounding the other way within {tolerance.get('band', 0):g} steps of "

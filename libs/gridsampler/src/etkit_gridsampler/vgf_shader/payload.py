@@ -40,7 +40,7 @@ DOMAIN: Final = "com.arm.VulkanCustomShader"
 OPERATOR_NAME: Final = "etkit.grid_sample"
 ParamsMode = Literal["tensor", "baked"]
 PARAMS_MODES: Final = ("tensor", "baked")
-# Measured on lavapipe (bench/one_vgf_bench.py): see the library README.
+# Measured on lavapipe (bench/one_vgf_bench.py): bench/results/one_vgf.md.
 DEFAULT_PARAMS_MODE: Final[ParamsMode] = "baked"
 
 _VK_FORMATS: Final[dict[torch.dtype, str]] = {
