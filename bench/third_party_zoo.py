@@ -1,5 +1,6 @@
 """The third-party zoo, one function at a time: etkit's ``export_model(verify=True)`` against the
-stock ExecuTorch 1.5.1 flow, for XNNPACK and VGF; prints the exporter README's table rows.
+stock ExecuTorch 1.5.1 flow, for XNNPACK and VGF; prints the table rows of
+``bench/results/third_party.md``.
 
 Run on demand (not in CI; each export takes 20-120 s here):
     .venv/bin/python bench/third_party_zoo.py [--target xnnpack|vgf] [NAME ...]

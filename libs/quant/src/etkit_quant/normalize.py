@@ -5,8 +5,9 @@ Libraries such as kornia compute their sampling grids with code written for eage
 matrix inverse of a fixed transform element by element, in-place writes into freshly made
 tensors, ``.to()`` calls that change nothing, factors like ``2 / (W - 1)`` as 0-dim tensors.
 ``torch.export`` records all of it, and the quantizers and backends downstream trip over it
-(see the exporter README's "Known upstream issues"). Each step below changes the graph, never
-what it computes (each is tested for exact equality on the float model):
+(see the docs' "Known upstream issues", ``docs/explanation/upstream-issues.md``). Each step
+below changes the graph, never what it computes (each is tested for exact equality on the float
+model):
 
 - ``functionalize``: in-place ops (``copy_``, ``add_``, ``mul_``, ...) become their functional
   forms (``torch.export``'s own functionalization, no decomposition) when one writes a value
