@@ -52,6 +52,7 @@ FILE_SECONDS: Final = {
     "apps/exporter/tests/test_qat_export.py": 100,
     "libs/gridsampler/tests/test_qat_ddp.py": 60,
     "libs/quant/tests/test_qat.py": 60,
+    "tests/test_docs.py": 20,  # the docs site's build (mkdocs, about 11 s) and its checks
 }
 
 
