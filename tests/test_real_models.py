@@ -41,37 +41,22 @@ message.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import real_models  # beside this file: tests/ is on pytest's pythonpath
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from etkit_exporter import ExportResult, export_model
 
-
-def _load(name: str) -> Any:
-    """Module ``name`` beside this file (pytest imports tests by path, not as a package)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 logger = logging.getLogger(__name__)
-real_models = _load("real_models")
 REAL_MODELS: dict[str, Any] = real_models.REAL_MODELS
 
 QUANTIZED_PSNR_DB = 40.0
@@ -147,7 +132,7 @@ def _export(name: str, target: str, root: Path, sampler_delegate: bool = False) 
 
 # Known failures, kept visible as strict xfails (a fix shows as XPASS). None now: VGF RAFT's
 # 27.7 dB was the Arm backend concatenating int8 inputs of different scales as they are
-# (etkit_quant.requantize_shared_inputs; exporter README, "Known upstream issues").
+# (etkit_quant.requantize.requantize_shared_inputs; docs/explanation/upstream-issues.md).
 VGF_KNOWN_FAILURES: dict[str, str] = {}
 # CI runs a subset of the models on each path, chosen to cover the classes (RIFE, the closest
 # to its bound; batch 2; 1, 4 and 16 channels; a grid before the image; the grid as the first
@@ -224,7 +209,7 @@ def vgf_split(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 # Known failures, kept visible as strict xfails (a fix shows as XPASS). None now: the STN
 # tutorial's 25.5 dB was XNNPACK misreading its in-place ReLUs (normalize's
-# functional_activations; exporter README, "Known upstream issues").
+# functional_activations; docs/explanation/upstream-issues.md).
 XNNPACK_KNOWN_FAILURES: dict[str, str] = {}
 XNNPACK_MODELS = _model_params(XNNPACK_KNOWN_FAILURES, "xnnpack")
 
@@ -567,7 +552,8 @@ def _same_verdict_as_before(
 ) -> None:
     import shutil
 
-    verdict_oracle = _load("verdict_oracle")
+    import verdict_oracle  # beside this file (tests/ is on pytest's pythonpath)
+
     expression = str(request.config.option.markexpr or "")
     on_demand = "extended" in expression.replace("not extended", "")
     if exported.name not in ORACLE_IN_CI[path] and not on_demand:
