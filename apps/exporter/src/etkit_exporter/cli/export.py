@@ -149,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the versions and exit")
     parser.add_argument(
         "--force", action="store_true",
-        help="replace an earlier etkit export at --out (never other files: see the README)",
+        help="replace an earlier etkit export at --out (never other files: the docs' "
+        "reference, 'Where exports go')",
     )  # fmt: skip
     parser.add_argument(
         "--verify", action="store_true",
