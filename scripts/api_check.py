@@ -107,7 +107,10 @@ def snapshot_text(module: griffe.Module, root: Path) -> str:
 
 
 def load_snapshot(path: Path) -> griffe.Module:
-    module = json.loads(path.read_text(), object_hook=griffe.json_decoder)
+    try:
+        module = json.loads(path.read_text(), object_hook=griffe.json_decoder)
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise UsageError(f"{path}: not an API snapshot ({error})") from None
     collection = griffe.ModulesCollection()
     collection.set_member(module.path, module)
     module._modules_collection = collection  # aliases inside resolve through it
@@ -260,7 +263,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"api_check: {error}", file=sys.stderr)
             return 2
         return 0
-    problems = [line for library in found for line in check(library)]
+    try:
+        problems = [line for library in found for line in check(library)]
+    except (UsageError, OSError, ValueError) as error:  # a snapshot or CHANGELOG unreadable
+        print(f"api_check: {error}", file=sys.stderr)
+        return 2
     for line in problems:
         print(line)
     if not problems:

@@ -87,3 +87,12 @@ def test_a_bad_folder_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0
     assert "not a package folder" in result.stderr
+
+
+def test_a_broken_snapshot_is_one_line(tmp_path: Path) -> None:
+    library = scratch_quant(tmp_path)
+    (library / "api" / "0.1.0.json").write_text("{not json")
+    result = api_check("--root", tmp_path, "libs/quant")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "0.1.0.json: not an API snapshot" in result.stderr
