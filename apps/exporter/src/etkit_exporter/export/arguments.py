@@ -260,6 +260,59 @@ def check_grid_samplers(program: ExportedProgram) -> None:
             )
 
 
+def check_no_state(program: ExportedProgram) -> None:
+    """Refuses a model that updates its own buffers in ``forward`` (``self.history.copy_(x)``, a
+    recurrent model's state): no export carries a state across calls yet, and a program that
+    dropped or mistyped the write-back would run wrong from the first frame without a word."""
+    mutated = sorted(mutated_buffers(program))
+    if mutated:
+        names = ", ".join(repr(name) for name in mutated)
+        raise ValueError(
+            f"the model updates its buffer{'s' if len(mutated) > 1 else ''} {names} in forward "
+            "(a state kept across calls): etkit does not export a state yet; take it as an "
+            "input and return its new value as an output instead, and feed that output back "
+            "each frame"
+        )
+
+
+def mutated_buffers(program: ExportedProgram) -> set[str]:
+    """The buffers ``program`` writes: those its signature says it mutates (a functional
+    graph) and those an in-place op of the graph writes, directly or through a view of it (the
+    graph torch.export captures keeps ``copy_`` in place, its signature silent)."""
+    signature = program.graph_signature
+    buffers = dict(signature.inputs_to_buffers)
+    found = set(signature.buffers_to_mutate.values())
+    for node in program.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for argument, value in zip(schema.arguments, node.args, strict=False):
+            alias = argument.alias_info
+            if alias is None or not alias.is_write or not isinstance(value, torch.fx.Node):
+                continue
+            source = _viewed(value)
+            if source.name in buffers:
+                found.add(buffers[source.name])
+    return found
+
+
+def _viewed(node: torch.fx.Node) -> torch.fx.Node:
+    """The tensor ``node`` is a view of (itself when it is no view)."""
+    for _ in range(64):
+        schema = getattr(node.target, "_schema", None)
+        first = node.args[0] if node.args else None
+        if (
+            node.op != "call_function"
+            or schema is None
+            or not schema.arguments
+            or schema.arguments[0].alias_info is None
+            or not isinstance(first, torch.fx.Node)
+        ):
+            return node
+        node = first
+    return node
+
+
 def check_grid_math(grid_math: object) -> str:
     """``grid_math`` checked: "float" (the coordinate arithmetic between the last compute-heavy
     op and each grid sampler's grid input in float) or "int" (quantized too)."""

@@ -41,6 +41,7 @@ from etkit_exporter.check.verify import (
     check_program_loads,
     verify_export,
 )
+from etkit_exporter.core import memory
 from etkit_exporter.core.errors import ExportError
 from etkit_exporter.core.io_params import io_table, with_pte_layouts
 from etkit_exporter.core.version import __version__
@@ -58,6 +59,7 @@ from etkit_exporter.export.arguments import (
     check_extra_artifacts,
     check_forward,
     check_grid_samplers,
+    check_no_state,
     check_tosa_spec,
     quant_options,
 )
@@ -478,6 +480,7 @@ def _quantize(
     with sizing.fixed_sizes_refused(plan if dynamic else None), stages.stage("capture"):
         exported = torch.export.export(model, inputs, dynamic_shapes=dynamic, strict=True)
         num_outputs = len(exported.graph_signature.user_outputs)
+        check_no_state(exported)
         check_grid_samplers(exported)
     with stages.stage("normalize"):  # library-built graphs made to look hand-written
         exported, _ = normalize_program(
@@ -701,6 +704,12 @@ def _verify(
 ) -> tuple[dict[str, Any], VerifiedRun]:
     """Stage verify: the verdict on the written program (``forward``). Returns the
     verification and the run it judged."""
+    ranges = stages.growth.get("observe_ranges")  # the float graph run on the samples
+    if ranges is not None:  # the references and each envelope run: a quantized forward or two
+        memory.require(
+            2 * ranges, "verification (a quantized forward and the float model's at this size)",
+            "close other programs, or verify at a smaller size",
+        )  # fmt: skip
     with stages.stage("verify"):  # the verdict, and where a failing program diverges
         run = multi.verifier(quantized.dynamic, verify_export)(
             work, model, quantized.converted, inputs, io_params, target,

@@ -23,7 +23,9 @@ ProgressCallback = Callable[[str, int, int], None]
 
 class Stages:
     """The stages of one export: ``timings`` (seconds) and ``peaks`` (peak resident MB) by
-    stage name, shared by the stages at other sizes (``at``)."""
+    stage name, shared by the stages at other sizes (``at``); ``growth``: how far each stage's
+    peak rose above what the process held when it began (bytes), what a later stage that does
+    the same work again can expect to need."""
 
     def __init__(
         self,
@@ -37,6 +39,7 @@ class Stages:
     ) -> None:
         self.timings: dict[str, float] = {} if timings is None else timings
         self.peaks: dict[str, float | None] = {} if peaks is None else peaks
+        self.growth: dict[str, int] = {}  # bytes a stage's peak rose above where it started
         self.callback, self.suffix, self.progress = callback, suffix, progress
         self.profile = PassProfile() if profile is None else profile  # upstream's calls timed
 
@@ -50,6 +53,7 @@ class Stages:
         name += self.suffix
         start = time.perf_counter()
         outer, self.profile.stage = self.profile.stage, name
+        before = memory.resident()
         with memory.watch() as peak:
             try:
                 yield
@@ -65,5 +69,7 @@ class Stages:
         seconds = time.perf_counter() - start
         self.timings[name] = round(seconds, 3)
         self.peaks[name] = None if high is None else round(high / memory.MB, 1)
+        if high is not None and before is not None:
+            self.growth[name] = max(high - before, 0)
         if self.callback is not None:
             self.callback(name, seconds)
