@@ -85,6 +85,8 @@ def options(parser: argparse.ArgumentParser) -> set[str]:
 
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     text = parser._get_formatter()._expand_help(action) if action.help else ""
+    if not text and action.default not in (None, False, [], argparse.SUPPRESS):
+        text = f"default {action.default}"
     return text.replace("|", "\\|").replace("\n", " ")
 
 
