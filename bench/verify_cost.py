@@ -146,6 +146,9 @@ def one(kind: str, name: str, target: str, height: int, width: int) -> dict[str,
             row["seconds"] = round(time.perf_counter() - start, 2)
             stages = result.report.get("timings_s") or {}
             row["stages"] = stages
+            row["peaks"] = result.report.get("peak_memory_mb") or {}
+            if result.verification is not None:
+                row["verification_stages"] = result.verification.get("stages")
             if result.verification is not None:
                 verdict = result.verification.get("verdict") or {}
                 row["verdict"] = verdict.get("result")
@@ -184,7 +187,10 @@ def table(rows: list[dict[str, Any]]) -> str:
             return f"{c.get('seconds', '?')} s, {c.get('peak_mb', '?')} MB" if c else "-"
 
         export, verify, q = cell["export"], cell["verify"], cell["qforward"]
-        stage = (verify.get("stages") or {}).get("verify") or {}
+        stage = {
+            "seconds": (verify.get("stages") or {}).get("verify", "?"),
+            "peak_mb": (verify.get("peaks") or {}).get("verify", "?"),
+        }
         forward = (q.get("peak_mb", 0) - q.get("before_mb", 0)) if q else 0.0
         ratio_time = verify["seconds"] / export["seconds"] if export and verify else float("nan")
         bound = (export.get("peak_mb", 0) + forward) if export else float("nan")
@@ -195,6 +201,55 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{stage.get('seconds', '?')} s, {stage.get('peak_mb', '?')} MB | "
             f"{ratio_time:.2f}x | {ratio_peak:.2f}x |"
         )
+    return "\n".join(lines)
+
+
+def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares ``y = a + b x``: (a, b)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def slopes(rows: list[dict[str, Any]]) -> str:
+    """How each cost grows with the pixels: per model and target, the least-squares line of the
+    verify stage's seconds and of the verification's peak over the export's (MB) against
+    megapixels, and how far the largest size lies from the line fitted to the others (a
+    superlinear cost shows as a large positive excess)."""
+    lines = [
+        "| model | target | verify stage: s per MP (fit) | largest size: excess over the "
+        "line of the others | verify peak - export peak: MB per MP | largest size: excess |",
+        "|---|---|---|---|---|---|",
+    ]
+    keyed = {(r["model"], r["target"], r["size"], r["kind"]): r for r in rows if "error" not in r}
+    for model, target in sorted({(r["model"], r["target"]) for r in rows}):
+        time_points, memory_points = [], []
+        for (m, t, size, kind), row in sorted(keyed.items()):
+            if (m, t, kind) != (model, target, "verify"):
+                continue
+            height, width = (int(v) for v in size.split("x"))
+            megapixels = height * width / 1e6
+            stage = (row.get("stages") or {}).get("verify")
+            export = keyed.get((m, t, size, "export"))
+            if stage is None or export is None:
+                continue
+            time_points.append((megapixels, float(stage)))
+            memory_points.append((megapixels, row["peak_mb"] - export["peak_mb"]))
+        if len(time_points) < 3:
+            continue
+        cells = []
+        for points in (sorted(time_points), sorted(memory_points)):
+            a, b = _fit(points[:-1])
+            x, y = points[-1]
+            predicted = a + b * x
+            cells += [
+                f"{_fit(points)[1]:.3g}",
+                f"{(y - predicted) / max(abs(predicted), 1e-9):+.0%}",
+            ]
+        lines.append(f"| {model} | {target} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -224,7 +279,7 @@ def main() -> int:
                     rows.append(row)
                     if kind in ("eager", "qforward"):  # the same for every target
                         rows.extend({**row, "target": t} for t in args.targets[1:])
-    text = table(rows)
+    text = table(rows) + "\n\n" + slopes(rows)
     print(text)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")

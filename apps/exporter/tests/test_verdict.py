@@ -592,3 +592,58 @@ def test_a_call_off_only_against_pt2e_values_is_told_apart_from_a_wrong_one(
     # the first value a step off: one step, at a delegate call of the program
     assert divergence is not None and divergence["backend"], divergence
     assert divergence["max_steps"] == pytest.approx(1, abs=0.01), divergence
+
+
+def _two_branch_graph() -> torch.fx.GraphModule:
+    """Two dithered quantizes on branches of one input, the second one's value the output."""
+    import torchao.quantization.pt2e  # noqa: F401  (registers quantized_decomposed)
+
+    ops = torch.ops.quantized_decomposed
+
+    def model(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = ops.quantize_per_tensor.default(x * 1.3, 0.01, 0, -128, 127, torch.int8)
+        b = ops.quantize_per_tensor.default(x * 0.7, 0.01, 0, -128, 127, torch.int8)
+        return (
+            ops.dequantize_per_tensor.default(a, 0.01, 0, -128, 127, torch.int8),
+            ops.dequantize_per_tensor.default(b, 0.01, 0, -128, 127, torch.int8),
+        )
+
+    graph = torch.fx.symbolic_trace(model)
+    x = torch.linspace(-0.9, 0.9, 999)
+    for node in graph.graph.nodes:  # the shapes a skipped quantize draws its noise by
+        if node.op == "call_function" and "quantize_per_tensor" in str(node.target):
+            node.meta["val"] = x
+    return graph
+
+
+def test_envelope_runs_keep_figures_and_skip_what_no_judged_tensor_needs() -> None:
+    """A reducer's figures in place of the runs' tensors; a run computing only what a captured
+    node needs gives that node the values of a run of the whole graph (a skipped quantize still
+    draws its noise), so the figures do not depend on what else is judged."""
+    from etkit_exporter.check.envelope import ancestors, rounding_envelope
+    from etkit_exporter.check.judgement import RunFigures, output_reducer
+
+    graph = _two_branch_graph()
+    x = torch.linspace(-0.9, 0.9, 999)
+    names = [n.name for n in graph.graph.nodes if "dequantize" in str(n.target)]
+    whole = rounding_envelope(graph, [x], samples=6, band=0.2, capture=names)
+    second = names[1]
+    part = rounding_envelope(
+        graph, [x], samples=6, band=0.2, capture={second: None},
+        needed=ancestors(graph.graph, [second]),
+    )  # fmt: skip
+    assert all(run[0] == [] and set(run[1]) == {second} for run in part.dithered)
+    for full, partial in zip(whole.dithered, part.dithered, strict=True):
+        assert torch.equal(full[1][second], partial[1][second])
+    pairs = zip(whole.dithered[:-1], whole.dithered[1:], strict=True)
+    assert not all(torch.equal(a[1][second], b[1][second]) for a, b in pairs)  # runs differ
+    with torch.no_grad():
+        reference = list(graph(x))
+    entries = [{"scale": None}, {"scale": None}]
+    reduced = rounding_envelope(
+        graph, [x], samples=6, band=0.2, outputs=output_reducer(reference, entries)
+    )
+    for kept, figures in zip(whole.dithered, reduced.dithered, strict=True):
+        assert all(isinstance(f, RunFigures) for f in figures[0])
+        expected = output_reducer(reference, entries)(1, kept[0][1])
+        assert figures[0][1] == expected and figures[0][1].power > 0
