@@ -60,7 +60,7 @@ class OutputCheck:
 
     @property
     def passes(self) -> bool:
-        """The verdict's rule (``etkit_exporter.check.verify.within_tolerance``): at most
+        """The bundle's rule (``etkit_exporter.check.metrics.within_tolerance``): at most
         ``max_fraction`` of the values more than ``tolerance_steps`` off."""
 
         return within_tolerance(self.over, self.total, self.max_fraction)

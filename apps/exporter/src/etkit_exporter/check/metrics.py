@@ -17,7 +17,7 @@ def psnr(actual: torch.Tensor, reference: torch.Tensor) -> float | None:
 
 
 def within_tolerance(over: int, total: int, max_fraction: float) -> bool:
-    """The rule ``etkit run model.bpte`` and the verdict share (``check.verdict``): at
+    """The rule ``etkit run model.bpte`` checks a bundle's outputs by (``check.bundle``): at
     most ``max_fraction`` of the ``total`` values are more than the tolerance off (``over``),
     and one value may always be, unless ``max_fraction`` is 0: a share of fewer values than
     ``1 / max_fraction`` is no share (two logits, one of them 3 steps off after a linear

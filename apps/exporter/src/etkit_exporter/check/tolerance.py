@@ -13,10 +13,10 @@ from etkit_exporter.check.envelope import MAX_SAMPLES, MIN_SAMPLES
 
 @dataclass(frozen=True)
 class VerifyTolerance:
-    """How the verdict judges (module docstring; apps/exporter/README.md, "Verification
-    verdict"). Give it as ``export_model(verify_tolerance=...)``, or as text
-    (``parse_tolerance``: ``"samples=16,band=0.02,max-steps=1"``) to ``--verify-tolerance`` and
-    ``verify_tolerance`` in ``export.toml``.
+    """How the verdict judges (``check.judgement``; docs/explanation/verdict.md). Give it as
+    ``export_model(verify_tolerance=...)``, or as text (``parse_tolerance``:
+    ``"samples=16,band=0.02,max-steps=1"``) to ``--verify-tolerance`` and ``verify_tolerance``
+    in ``export.toml``.
 
     - ``samples``: dithered runs of the rounding envelope (4 to 64);
     - ``band``: how near its rounding boundary (in steps) a quantize may round the other way;
@@ -95,8 +95,7 @@ def parse_tolerance(text: str) -> VerifyTolerance:
         if key in _RETIRED_KEYS:
             raise ValueError(
                 f"verify tolerance {text!r}: {key!r} is gone: the verdict judges by the rounding "
-                f"envelope now (keys {', '.join(TOLERANCE_KEYS)}; apps/exporter/README.md, "
-                "'Verification verdict')"
+                f"envelope now (keys {', '.join(TOLERANCE_KEYS)}; docs/explanation/verdict.md)"
             )
         if not sep or key not in TOLERANCE_KEYS:
             raise ValueError(

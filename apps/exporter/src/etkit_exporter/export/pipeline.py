@@ -224,7 +224,7 @@ def export_model(
     contract covers is a compute segment inside the VGF (``etkit_gridsampler.vgf_shader``), the
     report's ``grid_sampler_paths`` saying where each went.
 
-    Sizes (the README's "Sizes"; ``export.sizes``): ``sizes=[(540, 960), (720, 1280)]``: one
+    Sizes (docs/how-to/sizes.md; ``export.sizes``): ``sizes=[(540, 960), (720, 1280)]``: one
     method per size in one program (``forward_540x960``, ...; ``forward`` the first size), each
     captured at its size and quantized with what calibration at one size observed (the
     samples', all of one listed size or the example's); ``dynamic_size=((256, 1088), (256,
