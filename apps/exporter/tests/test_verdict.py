@@ -529,26 +529,8 @@ def test_program_the_runtime_refuses_is_named_with_its_reason(tmp_path: Path) ->
 # -- reproducible, path-free artifacts; names too long ------------------------------------------
 
 
-def test_two_identical_exports_give_identical_artifacts(tmp_path: Path) -> None:
-    """The same export in two processes gives the same bytes: graph ids (addresses, each graph
-    kept alive through the export so that no two share one) and the module ids keying
-    ``nn_module_stack`` renumbered. CI once saw two exports in one process differ: a graph's
-    address reused for another."""
-    model, inputs = DEMOS["resample"]()
-    model.train()
-    export_model(model, inputs, artifacts_root=tmp_path / "a", target="xnnpack")
-    assert model.training  # the caller's mode, as it was
-    code = (
-        "import sys; from etkit_exporter import export_model; "
-        "from etkit_exporter.export.demos import DEMOS; model, inputs = DEMOS['resample'](); "
-        "export_model(model, inputs, artifacts_root=sys.argv[1], target='xnnpack')"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "b")], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    for name in ("model.pte", "etrecord.bin", "etrecord.json", MANIFEST):
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+# Two exports of one model in two processes, every file of both targets the same bytes:
+# test_diagnostics.py::test_exports_are_byte_identical_and_hold_no_build_path
 
 
 def test_out_name_too_long_is_a_one_line_usage_error(tmp_path: Path) -> None:

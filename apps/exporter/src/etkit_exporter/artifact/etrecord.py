@@ -178,9 +178,11 @@ _ADDRESS: Final = re.compile(rb" at 0x[0-9a-fA-F]+>")
 # FX's generated code in stack traces: "<eval_with_key>.267", numbered per process
 _GENERATED_FILE: Final = re.compile(rb"<eval_with_key>\.\d+")
 # An ``nn_module_stack`` entry ("key,path,type", entries joined by ";") whose key is a module's
-# ``id()`` (torch.export keys a submodule called from the top module's code so): the key is the
-# first field of an entry, at the start of the string or after a ";"
-_MODULE_ID_KEY: Final = re.compile(rb'([;"])(\d{6,})(,)')
+# ``id()`` (torch.export keys a submodule called from the top module's code so), bare or after
+# "L__self__" (the capture of the quantized graph module keys its nodes' modules so from the
+# first capture's keys: "L__self__140659276218896"): the key is the first field of an entry, at
+# the start of the string or after a ";"
+_MODULE_ID_KEY: Final = re.compile(rb'([;"](?:L__self__)*)(\d{6,})(,)')
 _EXPORT_GRAPH_ID: Final = "export_graph_id"
 _FIXED_TIME: Final = (1980, 1, 1, 0, 0, 0)
 
