@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -36,8 +37,15 @@ from torchao.quantization.pt2e.quantizer import (
 from etkit_quant.biases import snap_biases_while_training, unsnap_biases
 from etkit_quant.boundary import ANNOTATION_KEY, BoundaryQuantizer, own_constants, user_inputs
 from etkit_quant.conv_bn_fold import conv_bn_folds_only_where_they_match
-from etkit_quant.graph import attribute, is_grid_sampler, operator_name
-from etkit_quant.normalize import normalize_program
+from etkit_quant.graph import (
+    attribute,
+    is_dequantize,
+    is_grid_sampler,
+    is_quantize,
+    operator_name,
+)
+from etkit_quant.normalize import MAX_FOLDED_ELEMENTS, normalize_program
+from etkit_quant.qat_shapes import PreparedShapes, prepared_shapes
 from etkit_quant.qspecs import (
     FixedQParams,
     describe_qspec,
@@ -53,10 +61,13 @@ from etkit_quant import check_calibration  # isort: skip
 
 logger = logging.getLogger(__name__)
 
+SHAPES_KEY: Final = "etkit_qat_input_shapes"
+"""``prepared.meta`` key of the input shapes a prepared module takes (``PreparedShapes``)."""
 SAMPLER_KEY: Final = "etkit_qat_grid_sampler"
 """``Node.meta`` key of a grid sampler ``replace_grid_samplers`` replaced: the op it was (its
 target and its arguments after the image and the grid), which ``convert_qat`` puts back."""
 _TIED_KEY: Final = "etkit_qat_tied"
+_CONSTANTS_KEY: Final = "etkit_qat_constants"  # buffers kept out of the state dict
 _OBSERVING_KEY: Final = "etkit_qat_observing"
 _ARM_KEY: Final = "etkit_qat_arm"  # quantize.arm_lowering
 
@@ -114,6 +125,7 @@ def prepare_qat(
     on_sample: OnSample | None = None,
     passes: Sequence[GraphPass] = (),
     sampler_replacement: SamplerReplacement | None = None,
+    dynamic_shapes: Any = None,
 ) -> QatGraphModule:
     """``model`` prepared for quantization-aware training with ``quantizer``: a trainable
     ``GraphModule`` whose fake quantizes compute what the quantized program will.
@@ -176,7 +188,7 @@ def prepare_qat(
             f"model ({type(model).__name__}) has no parameters to train (none with "
             "requires_grad=True); quantize it without training: etkit_quant.quantize"
         )
-    samples = _check_samples(calibration, inputs)
+    samples = _check_samples(calibration, inputs) if dynamic_shapes is None else None
     if callable(passes) or not all(callable(p) for p in passes):
         raise TypeError("passes must be a sequence of callables taking the GraphModule")
     if sampler_replacement is not None and not callable(sampler_replacement):
@@ -185,13 +197,19 @@ def prepare_qat(
             f"torch.nn.Module or None, got {type(sampler_replacement).__name__}"
         )
 
-    graph_module, num_outputs = _export_for_training(model, inputs, passes)
+    graph_module, num_outputs, shapes = _export_for_training(model, inputs, passes, dynamic_shapes)
+    if samples is None:  # with dynamic dimensions, samples of other sizes
+        captured = tuple(n.meta["val"] for n in user_inputs(graph_module))
+        samples = _check_samples(calibration, captured)
+    for index, sample in enumerate(samples):
+        shapes.check(sample, f"calibration sample {index}")
     own_constants(graph_module)  # trains its own copies: the caller's model stays as it was
     if isinstance(quantizer, BoundaryQuantizer):
         quantizer.check_counts(len(user_inputs(graph_module)), num_outputs)
     prepared: GraphModule = prepare_qat_pt2e(graph_module, _QatQuantizer(quantizer))
     prepared.meta[_TIED_KEY] = _tie_unshared_parameters(prepared)
     prepared.meta[_ARM_KEY] = arm_lowering(quantizer)
+    prepared.meta[SHAPES_KEY] = shapes
     _with_class(prepared, QatGraphModule)
     assert isinstance(prepared, QatGraphModule)
 
@@ -214,13 +232,16 @@ def prepare_qat(
         fq.enable_fake_quant(enabled[name])
         fq.disable_observer()  # as eval left them; train() restores each
     snap_biases_while_training(prepared)  # float biases XNNPACK quantizes: as it will
+    _keep_learnt_state(prepared, set(model.state_dict()))
     if sampler_replacement is not None:
         replace_grid_samplers(prepared, sampler_replacement)
     prepared.train()
     return prepared
 
 
-def convert_qat(prepared: GraphModule) -> GraphModule:
+def convert_qat(
+    prepared: GraphModule, *, example_inputs: tuple[torch.Tensor, ...] | None = None
+) -> GraphModule:
     """The quantized model of a module ``prepare_qat`` returned (trained or not), as
     ``quantize`` returns it: ``convert_pt2e`` of a copy in eval mode, then
     ``fit_to_backend``. Nothing is calibrated again: every
@@ -229,8 +250,18 @@ def convert_qat(prepared: GraphModule) -> GraphModule:
     between the same quantizes.
     ``prepared`` is left as it was: train on, convert again.
 
-    Raises ``TypeError`` for anything ``prepare_qat`` did not return."""
+    ``example_inputs``: for a module prepared with dynamic dimensions, the quantized model at
+    those inputs' shape (which it must take), as ``quantize`` gives it at a fixed size: what
+    the graph computes from the inputs' sizes alone (a base grid built from the height and
+    width) is folded into constants at that size (``fold_sizes``).
+
+    Raises ``TypeError`` for anything ``prepare_qat`` did not return; ``ValueError`` for
+    ``example_inputs`` of a shape it does not take."""
     _check_prepared(prepared)
+    if example_inputs is not None:
+        shapes = prepared.meta.get(SHAPES_KEY)
+        if isinstance(shapes, PreparedShapes):
+            shapes.check(example_inputs, "convert_qat's example inputs")
     model = copy.deepcopy(prepared)
     model.eval()
     _with_class(model, GraphModule)  # the converted model is a plain GraphModule, as quantize's
@@ -251,7 +282,95 @@ def convert_qat(prepared: GraphModule) -> GraphModule:
         converted: GraphModule = convert_pt2e(model)
     move_exported_model_to_eval(converted)  # (already eval: a no-op kept for the contract)
     fit_to_backend(converted, arm)  # as quantize
+    if example_inputs is not None:
+        fold_sizes(converted, example_inputs)
     return converted
+
+
+def fold_sizes(model: GraphModule, example_inputs: tuple[torch.Tensor, ...]) -> list[str]:
+    """``model`` (a graph with dynamic dimensions) specialized to ``example_inputs``' shape in
+    place: each ``sym_size`` of an input takes that input's size, and every node computed from
+    those sizes and constants alone (an ``arange`` over the height, the base grid stacked from
+    it), never through a quantize or a dequantize (a weight's stays, for the backend's
+    patterns), becomes one constant (``_size_folded_N``), as a capture at that size folds it.
+    Returns the names of the nodes replaced."""
+    known: dict[Node, Any] = dict(_sizes_read(model, example_inputs))
+    for node in model.graph.nodes:
+        if node.op == "get_attr":
+            known[node] = attribute(model, str(node.target))
+        elif (
+            node.op == "call_function"
+            and node not in known
+            and all(n in known for n in node.all_input_nodes)
+            and _size_foldable(node)
+        ):
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: known[n])
+            with torch.no_grad():
+                known[node] = node.target(*args, **kwargs)
+    replaced: list[str] = []
+    for node in list(model.graph.nodes):
+        value = known.get(node)
+        if node.op != "call_function" or all(user in known for user in node.users):
+            continue
+        if isinstance(value, torch.Tensor) and value.numel() <= MAX_FOLDED_ELEMENTS:
+            name = _free_attr_name(model, "_size_folded")
+            model.register_buffer(name, value.clone(), persistent=False)
+            with model.graph.inserting_before(node):
+                constant = model.graph.get_attr(name)
+            constant.meta["val"] = value
+            node.replace_all_uses_with(constant)
+        elif isinstance(value, int):
+            _read_as(node, value)
+        else:
+            continue
+        replaced.append(node.name)
+    if replaced:
+        model.graph.eliminate_dead_code()
+        model.graph.lint()
+        model.recompile()
+    return replaced
+
+
+def _sizes_read(model: GraphModule, example_inputs: tuple[torch.Tensor, ...]) -> dict[Node, int]:
+    """The value of every ``sym_size`` of ``model``'s graph on ``example_inputs`` (one forward:
+    a size may be read from any tensor, a dequantize of the input as often as the input)."""
+    sizes: dict[Node, int] = {}
+
+    class _Reader(torch.fx.Interpreter):
+        def run_node(self, n: Node) -> Any:
+            value = super().run_node(n)
+            if n.op == "call_function" and operator_name(n.target) == "aten::sym_size.int":
+                sizes[n] = int(value)
+            return value
+
+    if any(operator_name(n.target) == "aten::sym_size.int" for n in model.graph.nodes):
+        with torch.no_grad():
+            _Reader(model).run(*example_inputs)
+    return sizes
+
+
+def _size_foldable(node: Node) -> bool:
+    target = node.target
+    if is_quantize(node) or is_dequantize(node):
+        return False
+    if target in _INT_OPERATORS:
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    return not (target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags)
+
+
+def _read_as(node: Node, value: int) -> None:
+    """Every user of ``node`` reads ``value`` in its place."""
+    for user in list(node.users):
+        user.args, user.kwargs = torch.fx.node.map_arg(
+            (user.args, user.kwargs), lambda n: value if n is node else n
+        )
+
+
+_INT_OPERATORS: Final = frozenset(
+    {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.neg}
+)
 
 
 def prepared_grid_samplers(prepared: GraphModule) -> list[QatGridSampler]:
@@ -386,22 +505,26 @@ def _check_samples(
 
 
 def _export_for_training(
-    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], passes: Sequence[GraphPass]
-) -> tuple[GraphModule, int]:
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    passes: Sequence[GraphPass],
+    dynamic_shapes: Any = None,
+) -> tuple[GraphModule, int, PreparedShapes]:
     """``model`` exported as ``quantize`` exports it (strict, in eval mode: the graph the PTQ path
-    quantizes), normalized, with ``passes`` run, then moved to train mode by torchao's
-    ``move_exported_model_to_train`` (dropout and batch norm as training computes them, in the
-    form ``prepare_qat_pt2e`` folds into the conv before a batch norm); and its number of user
-    outputs. (Exported in train mode, a batch norm writes its running statistics in place,
-    which normalization functionalizes out of the form upstream folds.)"""
+    quantizes; with ``dynamic_shapes``, ``torch.export``'s), normalized, with ``passes`` run,
+    then moved to train mode by torchao's ``move_exported_model_to_train`` (dropout and batch
+    norm as training computes them, in the form ``prepare_qat_pt2e`` folds into the conv
+    before a batch norm); its number of user outputs; the input shapes it takes. (Exported in
+    train mode, a batch norm writes its running statistics in place, which normalization
+    functionalizes out of the form upstream folds.)"""
     was_training = model.training
     model.eval()
     try:
-        exported = torch.export.export(model, inputs, strict=True)
+        exported = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes, strict=True)
     finally:
         model.train(was_training)
     num_outputs = len(exported.graph_signature.user_outputs)
-    exported, report = normalize_program(exported, inputs)
+    exported, report = normalize_program(exported, inputs, dynamic_shapes=dynamic_shapes)
     if report.changed:
         logger.info("normalized for QAT: %s", report.summary())
     # torch 2.13 adds a _guards_fn call_module by default, which PT2E quantizers reject.
@@ -409,10 +532,45 @@ def _export_for_training(
     if passes:
         for graph_pass in passes:
             graph_pass(graph_module)
-        again = torch.export.export(graph_module, inputs, strict=True)
-        graph_module = again.module(check_guards=False)
+        exported = torch.export.export(
+            graph_module, inputs, dynamic_shapes=dynamic_shapes, strict=True
+        )
+        graph_module = exported.module(check_guards=False)
     move_exported_model_to_train(graph_module)
-    return graph_module, num_outputs
+    return graph_module, num_outputs, prepared_shapes(exported)
+
+
+def _keep_learnt_state(prepared: GraphModule, model_state: set[str]) -> None:
+    """Only what training learns or observes stays in ``prepared.state_dict()``: the model's
+    own parameters and buffers (``model_state``: its ``state_dict()`` names) and the fake
+    quantizes' state. Constants the capture made (normalization's folded subgraphs, such as
+    a base grid built from the input's shape, and lifted tensor constants) are buffers no
+    checkpoint holds: they follow from the graph, and one folded from a shape would tie a
+    checkpoint to the batch and crop it was captured at."""
+    fake_quant_state = {
+        f"{name}.{buffer}"
+        for name, module in prepared.named_modules()
+        if isinstance(module, FakeQuantizeBase)
+        for buffer, _ in module.named_buffers()
+    }
+    constants = [
+        name
+        for name, _ in prepared.named_buffers()
+        if name not in model_state and name not in fake_quant_state
+    ]
+    prepared.meta[_CONSTANTS_KEY] = constants
+    _mark_constants(prepared)
+    logger.debug("QAT: constants of the graph, not in the state dict: %s", constants)
+
+
+def _mark_constants(prepared: GraphModule) -> None:
+    """The buffers ``_keep_learnt_state`` named are non-persistent (again: a ``GraphModule``'s
+    copy registers every buffer anew)."""
+    for name in prepared.meta.get(_CONSTANTS_KEY, ()):
+        owner, _, leaf = name.rpartition(".")
+        module = prepared.get_submodule(owner) if owner else prepared
+        if leaf in module._buffers:
+            module._non_persistent_buffers_set.add(leaf)
 
 
 def _ctr_class(ctr: object) -> object:
@@ -673,6 +831,19 @@ class QatGraphModule(GraphModule):
 
     def eval(self) -> QatGraphModule:
         return self.train(False)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> QatGraphModule:
+        copied = super().__deepcopy__(memo)
+        assert isinstance(copied, QatGraphModule)
+        _mark_constants(copied)  # (GraphModule's copy registers every buffer as persistent)
+        return copied
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Before any work: a crop or batch the capture does not take is one line naming it.
+        shapes = self.meta.get(SHAPES_KEY)
+        if isinstance(shapes, PreparedShapes) and not torch.compiler.is_compiling():
+            shapes.check(args, "the prepared module's forward")
+        return super().__call__(*args, **kwargs)
 
 
 def _with_class(module: GraphModule, cls: type[GraphModule]) -> None:
