@@ -10,13 +10,13 @@ textures with known flows (``etkit_exporter.export.demos.moving_textures``). Ste
 1. a short float warm-up (the float checkpoint a real project starts from);
 2. ``etkit_exporter.qat_prepare``: the model prepared for QAT with the quantizer the export uses
    (the target's base quantizer for QAT, the qspecs chosen from the calibration frames, RGBA
-   padding), each ``grid_sample`` replaced by etkit's exact integer sampler, whose forward is
-   the program's integer kernel and whose backward is float ``grid_sample``'s;
+   padding, a dynamic batch), each ``grid_sample`` replaced by etkit's exact integer sampler,
+   whose forward is the program's integer kernel and whose backward is float ``grid_sample``'s;
 3. QAT fine-tuning in batches of 8; the trained ``state_dict()`` saved (``OUT/trained.pt``) with
    the calibration frames (``OUT/calibration``);
-4. the export, nothing calibrated again: a batch-1 module from ``qat_prepare`` with the same
-   options and frames, the checkpoint loaded, ``export_model`` with ``verify=True``. The same
-   export from the command line (``make`` below returns the float model and its example frames)::
+4. the export of the trained module at batch 1, nothing calibrated again, ``export_model`` with
+   ``verify=True``. The same export from the command line (``make`` below returns the float
+   model and its example frames; the checkpoint holds no constant tied to a batch)::
 
        etkit-export -m apps/exporter/examples/qat_flow_warp.py:make \\
            --qat-checkpoint OUT/trained.pt --calibration OUT/calibration -t TARGET --verify
@@ -92,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from etkit_exporter import export_model, qat_prepare
     from etkit_exporter.core.io_params import float_output, program_input
-    from etkit_exporter.export.qat import load_qat_checkpoint
     from etkit_exporter.programs import load_program
     from etkit_exporter.programs.runtime import runtime_method
 
@@ -107,9 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"float: {args.float_steps} steps, L1 {losses[0]:.4f} -> {losses[-1]:.4f}")
 
     # 2. prepared for QAT as the export quantizes, etkit's exact sampler in the loop
-    prepared = qat_prepare(
-        model, batched(calibration), target=args.target, calibration=[batched(calibration)]
-    )
+    prepared = qat_prepare(model, example, target=args.target, calibration=calibration)
     # 3. QAT fine-tuning; the checkpoint and the calibration frames saved
     losses = train(prepared, data, args.qat_steps, lr=5e-4)
     print(f"QAT:   {args.qat_steps} steps, L1 {losses[0]:.4f} -> {losses[-1]:.4f}")
@@ -119,10 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, pair in enumerate(calibration):
         torch.save(pair, args.out / "calibration" / f"sample_{k}.pt")
 
-    # 4. export: a batch-1 module prepared the same way, the trained state loaded
-    single = qat_prepare(model, example, target=args.target, calibration=calibration)
-    load_qat_checkpoint(single, args.out / "trained.pt")
-    single.eval()
+    # 4. export: the trained module at batch 1
+    single = prepared.eval()
     result = export_model(
         single, example, target=args.target, verify=True,
         artifacts_root=args.out / args.target, force=True,

@@ -293,7 +293,10 @@ def test_bad_input_gets_one_line(xnnpack: Trained) -> None:
         one_line(caught, pattern)
 
 
+# On demand (-m extended): CI runs a recipe end to end in test_qat_torchrun.py (torchrun, 2
+# processes), and this recipe's steps in this file's tests (QAT, export, the printed command).
 @pytest.mark.slow
+@pytest.mark.extended
 def test_the_recipe_runs(tmp_path: Path) -> None:
     """``examples/qat_flow_warp.py`` (the README's QAT recipe), cut to 2 float and 2 QAT steps:
     trains, saves the checkpoint and calibration frames, exports, verifies, and prints the

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, NamedTuple, TypeGuard
@@ -28,7 +29,7 @@ from torch.fx import GraphModule, Node
 from torchao.quantization.pt2e.fake_quantize import FakeQuantizeBase
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
-from etkit_exporter.core.diagnostics import root_cause
+from etkit_exporter.core.diagnostics import exception_chain, root_cause
 from etkit_exporter.core.errors import ExportError
 from etkit_exporter.core.io_params import float_output
 from etkit_exporter.export.arguments import (
@@ -43,6 +44,17 @@ from etkit_exporter.export.arguments import (
 )
 from etkit_exporter.export.average_pools import vgf_average_pools
 from etkit_exporter.export.quantization import boundary_quantizer
+from etkit_exporter.export.sizes import (
+    SizeError,
+    SizePlan,
+    SizeRange,
+    check_sizes,
+    dynamic_shapes,
+    fixed_sizes_refused,
+    image_inputs,
+    size_range,
+    size_text,
+)
 from etkit_gridsampler.qat import PreparedGridSample, exact_sampler
 from etkit_layout import pad_rgb_to_rgba
 from etkit_quant import (
@@ -58,7 +70,8 @@ from etkit_quant import (
     user_outputs,
 )
 from etkit_quant.normalize import normalize_program
-from etkit_quant.qat import SAMPLER_KEY
+from etkit_quant.qat import SAMPLER_KEY, SHAPES_KEY
+from etkit_quant.qat_shapes import PreparedShapes, prepared_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +97,9 @@ def qat_prepare(
     tosa_spec: str | None = None,
     exact_samplers: bool = True,
     on_calibration_sample: Callable[[int, int], None] | None = None,
+    dynamic_batch: bool = True,
+    dynamic_size: Sequence[Any] | None = None,
+    sizes: Sequence[tuple[int, int]] | None = None,
 ) -> QatGraphModule:
     """``model`` prepared for quantization-aware training exactly as ``export_model`` with the
     same arguments would quantize it, so that training and export agree by construction: the
@@ -100,20 +116,47 @@ def qat_prepare(
     ``exact_samplers=False`` trains through PyTorch's float ``grid_sample`` instead (as Arm's
     Model Gym does; the program's samplers then compute what the model did not train with).
 
+    Shapes: the capture has a dynamic batch (``dynamic_batch``: every input of rank 2 or more
+    whose first size is the first input's), so the module trains on batches of any size; with
+    ``dynamic_size`` (a range, as ``export_model`` takes it: ``((min height, max height), (min
+    width, max width)[, multiple])``) or ``sizes`` (the sizes it will be exported at: the range
+    from the smallest to the largest of them and the example's), the image inputs' height and
+    width are dynamic too, within it: the module trains on crops of any size in the range and
+    exports at any size in it (``export_model``'s ``sizes=`` and ``dynamic_size=``). Without
+    either, the height and width are the example's. Calibration samples may be of any batch
+    and size the module takes. The state dict holds the learnt parameters and the fake
+    quantizes' state only (no constant the capture folded), so it does not depend on a batch or
+    crop size. A batch or crop the module does not take is ``ValueError`` in one line at its
+    forward, before any work.
+
     Raises what ``export_model`` raises for these arguments, before any work, and
     ``ValueError`` for a model without trainable parameters, and, naming it and why
-    (``UnsupportedOpError``), for a grid sampler the exact sampler cannot mirror."""
+    (``UnsupportedOpError``), for a grid sampler the exact sampler cannot mirror; ``SizeError``
+    (one line) for a malformed range, an example outside it, or a model whose code fixes the
+    batch or the size it was asked to take dynamic."""
     inputs = check_arguments(model, example_inputs, target)
     spec = check_tosa_spec(tosa_spec, target, True)
+    crop = crop_range(inputs, sizes, dynamic_size)
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(
             f"model ({type(model).__name__}) has no parameters to train (none with "
             "requires_grad=True): quantization-aware training has nothing to learn; export it "
             "as it is (export_model, or etkit-export without --qat-checkpoint)"
         )
+    capture, dynamic = training_capture(inputs, crop, dynamic_batch)
     modes = [m.training for m in model.modules()]
     try:
         check_forward(model.eval(), inputs)
+        if capture is not inputs:  # a batch of 1 captured as 2: the model must take it
+            check_batch(model, capture)
+        with dynamic_capture_refused(crop, dynamic_batch):
+            exported = torch.export.export(model, capture, dynamic_shapes=dynamic, strict=True)
+        shapes = prepared_shapes(exported)
+
+        def reference_for(index: int, sample: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+            shapes.check(sample, f"calibration sample {index}")
+            return tuple(n.meta["val"] for n in exported.graph.nodes if n.name in shapes.names)
+
         quant = quant_options(
             enabled=True,
             inputs=inputs,
@@ -125,13 +168,13 @@ def qat_prepare(
             calibration=calibration,
             on_sample=on_calibration_sample,
             grid_math=grid_math,
+            reference_for=reference_for if dynamic is not None else None,
         )
-        exported = torch.export.export(model, inputs, strict=True)
     finally:
         for module, training in zip(model.modules(), modes, strict=True):
             module.training = training
     check_grid_samplers(exported)
-    exported, _ = normalize_program(exported, inputs)
+    exported, _ = normalize_program(exported, capture, dynamic_shapes=dynamic)
     for given, count, what in (
         (quant.inputs, len(inputs), "input"),
         (quant.outputs, len(exported.graph_signature.user_outputs), "output"),
@@ -147,15 +190,27 @@ def qat_prepare(
     passes: list[Callable[[GraphModule], object]] = []
     if target == "vgf":  # export_model's graph passes for VGF: RGBA textures, average pools
         passes += [pad_rgb_to_rgba, vgf_average_pools]
-    prepared = prepare_qat(
-        model,
-        inputs,
-        quantizer,
-        calibration=quant.samples,
-        on_sample=quant.on_sample,
-        passes=passes,
-        sampler_replacement=exact_sampler if exact_samplers else None,
-    )
+    try:
+        prepared = prepare_qat(
+            model,
+            capture,
+            quantizer,
+            calibration=quant.samples,
+            on_sample=quant.on_sample,
+            passes=passes,
+            sampler_replacement=exact_sampler if exact_samplers else None,
+            dynamic_shapes=dynamic,
+        )
+    except Exception as error:
+        if target != "vgf" or crop is None or not _symbolic_size_failure(error):
+            raise
+        raise SizeError(
+            f"target 'vgf' with sizes {crop.text()}: ExecuTorch 1.5.1's Arm quantizer cannot "
+            "annotate this model with a dynamic height and width (its passes evaluate the "
+            f"sizes the model computes from its input as numbers: {root_cause(error)[:160]}); "
+            "prepare it for vgf without sizes or dynamic_size (a dynamic batch, one crop "
+            "size), or for xnnpack"
+        ) from error
     if quant.grid_math == "float":
         coordinates["inputs"] = list(quantizer.coordinate_inputs)
     prepared.meta[QAT_KEY] = {
@@ -164,8 +219,120 @@ def qat_prepare(
         "grid_math": quant.grid_math,
         "saturation": tuple(saturations),
         "coordinates": coordinates,
+        "sizes": None if crop is None else crop.text(),
+        "dynamic_batch": dynamic_batch,
     }
     return prepared
+
+
+def _symbolic_size_failure(error: BaseException) -> bool:
+    text = "\n".join(str(e) for e in exception_chain(error))
+    return any(
+        mark in text for mark in ("SymInt", "sym_size", "Cannot cast sym", "symbolic", "Symbolic")
+    )
+
+
+def crop_range(
+    inputs: tuple[torch.Tensor, ...],
+    sizes: Sequence[tuple[int, int]] | None,
+    dynamic_size: Sequence[Any] | None,
+) -> SizeRange | None:
+    """The heights and widths ``qat_prepare`` captures dynamic: ``dynamic_size`` (checked as
+    ``export_model`` checks it), or the range spanning ``sizes`` and the example's size;
+    ``None`` when neither is given. ``SizeError`` (one line) for a malformed range or sizes,
+    both given, or an example outside the range."""
+    if sizes is None and dynamic_size is None:
+        return None
+    if sizes is not None and dynamic_size is not None:
+        raise SizeError(
+            "give qat_prepare the sizes it will be exported at or a size range, not both"
+        )
+    example, _ = image_inputs(inputs)
+    if dynamic_size is not None:
+        chosen = size_range(dynamic_size)
+    else:
+        plan = check_sizes(sizes, None, inputs, "vgf")
+        assert plan is not None
+        listed = [*plan.enumerated, example]
+        heights, widths = [s[0] for s in listed], [s[1] for s in listed]
+        chosen = SizeRange((min(heights), max(heights)), (min(widths), max(widths)))
+    why = chosen.outside(example)
+    if why is not None:
+        raise SizeError(
+            f"size range {chosen.text()}: the example inputs' size {size_text(example)} is not "
+            f"in the range ({why}); give example inputs of a size within it"
+        )
+    return chosen
+
+
+def training_capture(
+    inputs: tuple[torch.Tensor, ...], crop: SizeRange | None, dynamic_batch: bool
+) -> tuple[tuple[torch.Tensor, ...], Any]:
+    """The inputs ``qat_prepare`` captures on and ``torch.export``'s dynamic shapes (``None``:
+    all static): the batch of every input of rank 2 or more whose first size is the first
+    input's (``dynamic_batch``; a batch of 1 is captured as 2, the inputs repeated, since
+    ``torch.export`` takes a dimension of size 1 as fixed), and the image inputs' height and
+    width within ``crop`` (``sizes.dynamic_shapes``)."""
+    batch = int(inputs[0].shape[0]) if inputs[0].dim() >= 2 else None
+    batched = [
+        k for k, x in enumerate(inputs) if dynamic_batch and x.dim() >= 2 and x.shape[0] == batch
+    ]
+    per_input: list[dict[int, Any]] = [{} for _ in inputs]
+    if crop is not None:
+        example, images = image_inputs(inputs)
+        plan = SizePlan(example, images, dynamic=crop)
+        for k, dims in enumerate(dynamic_shapes(plan, inputs) or ()):
+            per_input[k].update(dims or {})
+    if batched:
+        dim = torch.export.Dim("batch", min=1)
+        for k in batched:
+            per_input[k][0] = dim
+    if not any(per_input):
+        return inputs, None
+    if not (batched and batch == 1):
+        return inputs, tuple(dims or None for dims in per_input)
+    capture = tuple(
+        torch.cat([x, x]) if k in batched and batch == 1 else x for k, x in enumerate(inputs)
+    )
+    return capture, tuple(dims or None for dims in per_input)
+
+
+def check_batch(model: torch.nn.Module, capture: tuple[torch.Tensor, ...]) -> None:
+    """``SizeError`` (one line) unless ``model``'s forward runs at ``capture``'s batch (2)."""
+    try:
+        with torch.no_grad():
+            model(*capture)
+    except Exception as error:
+        raise SizeError(
+            f"the model cannot train on a dynamic batch: its forward fails at batch 2 "
+            f"({root_cause(error)}); prepare it with dynamic_batch=False (it then trains at the "
+            "example inputs' batch only)"
+        ) from error
+
+
+@contextmanager
+def dynamic_capture_refused(crop: SizeRange | None, dynamic_batch: bool) -> Iterator[None]:
+    """Around ``qat_prepare``'s dynamic capture: a model whose code fixes its batch or its size
+    (``torch.export``'s constraint violation) is ``SizeError`` in one line saying which, where,
+    and what to give instead."""
+    span = crop.text() if crop is not None else "its batch"
+    try:
+        with fixed_sizes_refused(SizePlan((0, 0), (), dynamic=crop)):
+            yield
+    except SizeError as error:
+        what = str(error).split("): ", 1)[-1].split("; export a list of sizes", 1)[0]
+        text = "\n".join(str(e) for e in exception_chain(error))
+        if dynamic_batch and "You marked batch as dynamic" in text:
+            raise SizeError(
+                f"the model cannot train on a dynamic batch: {what}; prepare it with "
+                "dynamic_batch=False (it then trains at the example inputs' batch only), or "
+                "compute that from the input's size with tensor ops"
+            ) from error
+        raise SizeError(
+            f"the model cannot take dynamic sizes ({span}): {what}; prepare it without sizes "
+            "or dynamic_size (it then trains and exports at the example inputs' height and "
+            "width only), or compute that from the input's size with tensor ops"
+        ) from error
 
 
 def qat_base_quantizer(target: str, tosa_spec: str) -> Any:
@@ -277,13 +444,20 @@ class QatExport:
         value = self.record.get("grid_math")
         return None if value is None else str(value)
 
-    def quantize(self) -> QatQuantized:
+    def quantize(
+        self, inputs: tuple[torch.Tensor, ...] | None = None, dynamic_shapes: Any = None
+    ) -> QatQuantized:
         """The quantized model the program is lowered from (``convert_qat``: every quantize
         with the parameters the module trained with), a ``BoundaryQuantizer`` holding the
         boundary qspecs the module's annotations give (the pipeline reads which inputs and
         outputs are quantized), and for the report the saturation records of its preparation
-        (its fixed ranges on the calibration data) and its coordinate-input section."""
-        self.converted = convert_qat(self.prepared)
+        (its fixed ranges on the calibration data) and its coordinate-input section.
+        ``inputs`` without ``dynamic_shapes`` (a method of one size): the model at their size,
+        what it computes from the sizes alone folded as a capture at that size folds it
+        (``etkit_quant.convert_qat(example_inputs=...)``); with ``dynamic_shapes`` (a range) it
+        keeps its dynamic dimensions."""
+        fixed_at = inputs if dynamic_shapes is None else None
+        self.converted = convert_qat(self.prepared, example_inputs=fixed_at)
         ins, outs = boundary_qspecs(self.prepared)
         # Its base is never run: the annotations are the prepared module's.
         quantizer = BoundaryQuantizer(XNNPACKQuantizer(), input_qspecs=ins, output_qspecs=outs)
@@ -309,9 +483,10 @@ class QatExport:
             "exact_samplers": exact,
             "float_samplers": [s.name for s in sites if s.name not in exact],
         }
-        if self.converted is not None:
+        if self.converted is not None:  # (at the example's size: a method's is folded at its)
             with torch.no_grad():
-                outputs = _flat(self.converted(*example_inputs))
+                at_example = convert_qat(self.prepared, example_inputs=example_inputs)
+                outputs = _flat(at_example(*example_inputs))
             section["quantized_model_vs_qat_model"] = self.compare(outputs, example_inputs)
         return section
 
@@ -438,7 +613,24 @@ def float_view(prepared: GraphModule) -> GraphModule:
     graph.lint()
     model = GraphModule(root, graph, class_name="QatFloatModel")
     model.eval()
+    shapes = prepared.meta.get(SHAPES_KEY)
+    if isinstance(shapes, PreparedShapes):  # the export's sizes: those the module takes
+        model.register_forward_pre_hook(_ShapeCheck(shapes))
     return model
+
+
+@dataclass(frozen=True)
+class _ShapeCheck:
+    """A float view's forward pre-hook: inputs of a batch or size the QAT module does not take
+    are refused in one line (``export_model``'s checks run the float model at every size it
+    exports) where the float graph would run on, or fail deep inside; a capture (fake sizes)
+    passes."""
+
+    shapes: PreparedShapes
+
+    def __call__(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if not torch.compiler.is_compiling():
+            self.shapes.check(args, "the QAT-trained model")
 
 
 def boundary_qspecs(

@@ -190,6 +190,12 @@ def _size(value: object, what: str) -> Size:
     return height, width
 
 
+def size_range(value: object) -> SizeRange:
+    """``value`` (``((min height, max height), (min width, max width)[, multiple])``) as a
+    ``SizeRange``, checked (``SizeError``, one line)."""
+    return _range(value)
+
+
 def _range(value: object) -> SizeRange:
     if not isinstance(value, Sequence) or isinstance(value, str) or len(value) not in (2, 3):
         raise SizeError(
@@ -239,12 +245,10 @@ def check_sizes(
     qat: bool = False,
 ) -> SizePlan | None:
     """The sizes an export covers, checked before any work (``SizeError``, one line); ``None``
-    when neither option is given. ``qat``: the model was trained with QAT (its quantization is
-    its own, for one size: refused for now)."""
+    when neither option is given. ``qat``: the model was trained with QAT (its sizes are those
+    ``qat_prepare`` captured it for: its forward refuses any other, ``check_forward_at_sizes``)."""
     if sizes is None and dynamic_size is None:
         return None
-    if qat:
-        raise SizeError("sizes for a QAT-trained model are not supported yet: export one size")
     if sizes is not None and dynamic_size is not None:
         raise SizeError(
             "give a list of sizes (one method each) or a size range (one method over it), not both"
