@@ -143,6 +143,10 @@ def test_exports_are_byte_identical_and_hold_no_build_path(tmp_path: Path) -> No
         assert model.training  # the caller's mode, as it was
         if target == "vgf":
             _one_vgf_report(result, inputs)
+            # the Arm partitioner's report handler (it logs INFO here) closed with the export:
+            # no later export appends to this one's partition_report.txt
+            partitioner_log = logging.getLogger("executorch.backends.arm.tosa.partitioner")
+            assert not [h for h in partitioner_log.handlers if isinstance(h, logging.FileHandler)]
     # the Arm partitioner writes intermediates/partition_report.txt where its logger logs INFO
     # (pytest's log_level): the second process logs at this one's level
     level = logging.getLogger("executorch.backends.arm").getEffectiveLevel()

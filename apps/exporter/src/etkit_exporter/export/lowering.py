@@ -278,8 +278,29 @@ def lowering_to(in_vgf: bool) -> Iterator[list[dict[str, Any]]]:
                 yield []
             return
 
-        with sampler_lowering() as segments:
+        with sampler_lowering() as segments, _partition_reports_closed():
             yield segments
+
+
+# The Arm partitioner's logger: where it logs INFO (pytest, --verbose) it adds a FileHandler
+# writing its intermediates' partition_report.txt at each partition call and never removes it,
+# so a later export in the same process appended to an earlier export's report after that
+# export's manifest was written (and kept the file open)
+_ARM_PARTITIONER_LOGGER: Final = "executorch.backends.arm.tosa.partitioner"
+
+
+@contextmanager
+def _partition_reports_closed() -> Iterator[None]:
+    """Closes and removes the file handlers the Arm partitioner adds inside this block."""
+    log = logging.getLogger(_ARM_PARTITIONER_LOGGER)
+    before = list(log.handlers)
+    try:
+        yield
+    finally:
+        for handler in [h for h in log.handlers if h not in before]:
+            if isinstance(handler, logging.FileHandler):
+                log.removeHandler(handler)
+                handler.close()
 
 
 def sampler_paths(
