@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from etkit_exporter import ExportResult, export_model, qat_prepare
 from etkit_exporter.core.errors import ExportError
 from etkit_exporter.core.io_params import float_output, program_input
-from etkit_exporter.export.demos import FlowWarp, moving_textures
+from etkit_exporter.export.demos import FlowWarp, flow_warp, moving_textures
 from etkit_exporter.export.qat import check_checkpoint
 from etkit_exporter.export.sizes import SizeError
 from etkit_exporter.programs.runtime import runtime_method
@@ -195,6 +195,13 @@ def test_bad_input_gets_one_line(trained: Trained) -> None:
         qat_prepare(trained.model, frames(1, 32, 48, 1), target="xnnpack", dynamic_size=RANGE)
     one_line(caught, r"size range 64-144x96-256/16: the example inputs' size 32x48 is not in the "
              r"range .*")  # fmt: skip
+
+    demo, example = flow_warp()  # its linspace fixes the size
+    with pytest.raises(SizeError) as caught:  # a model that fixes the size asked dynamic
+        qat_prepare(demo, example, target="xnnpack", sizes=[(64, 96)])
+    one_line(caught, r"the model cannot take dynamic sizes \(32-64x48-96\): the model's code "
+             r"fixes a dynamic size to 32 at demos\.py:\d+ in pixel_grid: .*; prepare it without "
+             r"sizes or dynamic_size .*")  # fmt: skip
 
     image = torch.rand(1, 3, 8, 8)
     with pytest.raises(SizeError) as caught:  # a model that fixes its batch
