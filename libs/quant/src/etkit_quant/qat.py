@@ -289,12 +289,14 @@ def convert_qat(
 
 def fold_sizes(model: GraphModule, example_inputs: tuple[torch.Tensor, ...]) -> list[str]:
     """``model`` (a graph with dynamic dimensions) specialized to ``example_inputs``' shape in
-    place: each ``sym_size`` of an input takes that input's size, and every node computed from
-    those sizes and constants alone (an ``arange`` over the height, the base grid stacked from
-    it), never through a quantize or a dequantize (a weight's stays, for the backend's
-    patterns), becomes one constant (``_size_folded_N``), as a capture at that size folds it.
+    place: each ``sym_size`` takes its size there, and every node computed from those sizes
+    (and constants: an ``arange`` over the height, the base grid stacked from it), never through
+    a quantize or a dequantize, becomes one constant (``_size_folded_N``), as a capture at that
+    size folds it. What depends on no size (a weight's quantize and dequantize) stays.
     Returns the names of the nodes replaced."""
-    known: dict[Node, Any] = dict(_sizes_read(model, example_inputs))
+    sizes = _sizes_read(model, example_inputs)
+    known: dict[Node, Any] = dict(sizes)
+    derived = set(sizes)  # computed from a size: what a capture at that size folds
     for node in model.graph.nodes:
         if node.op == "get_attr":
             known[node] = attribute(model, str(node.target))
@@ -302,15 +304,17 @@ def fold_sizes(model: GraphModule, example_inputs: tuple[torch.Tensor, ...]) -> 
             node.op == "call_function"
             and node not in known
             and all(n in known for n in node.all_input_nodes)
+            and any(n in derived for n in node.all_input_nodes)
             and _size_foldable(node)
         ):
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: known[n])
             with torch.no_grad():
                 known[node] = node.target(*args, **kwargs)
+            derived.add(node)
     replaced: list[str] = []
     for node in list(model.graph.nodes):
         value = known.get(node)
-        if node.op != "call_function" or all(user in known for user in node.users):
+        if node not in derived or all(user in derived for user in node.users):
             continue
         if isinstance(value, torch.Tensor) and value.numel() <= MAX_FOLDED_ELEMENTS:
             name = _free_attr_name(model, "_size_folded")
