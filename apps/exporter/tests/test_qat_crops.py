@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from etkit_exporter import ExportResult, export_model, qat_prepare
-from etkit_exporter.core.errors import ExportError
 from etkit_exporter.core.io_params import float_output, program_input
 from etkit_exporter.export.demos import FlowWarp, flow_warp, moving_textures
 from etkit_exporter.export.qat import check_checkpoint
@@ -30,16 +29,6 @@ pytestmark = pytest.mark.slow
 RANGE = ((64, 144), (96, 256), 16)
 CROPS = [(4, 64, 96), (2, 96, 128)]  # batch, height, width of the training batches
 RENDER = (144, 256)
-# The pipeline passes the QAT module the size it lowers at (qat.quantize(inputs, dynamic)) and
-# keeps a range's dynamic shapes: without it an enumerated program serializes the base grid's
-# ops outside the delegates (ExecuTorch's full_like.out, refused at serialization) and a range's
-# program comes out of one size.
-NEEDS_PIPELINE_SIZES = pytest.mark.xfail(
-    strict=True,
-    raises=ExportError,
-    reason="export/pipeline.py's _quantize: qat.quantize(inputs, dynamic) and the range's "
-    "dynamic shapes kept (issue 55, asked for)",
-)
 
 
 class BatchGridFlowWarp(FlowWarp):
@@ -141,7 +130,6 @@ def test_trains_on_crops_and_exports_at_the_render_size(trained: Trained, tmp_pa
 
 
 @pytest.mark.extended  # two more exports (about 2 min here): the render size above is CI's
-@NEEDS_PIPELINE_SIZES
 def test_exports_at_sizes(trained: Trained, tmp_path: Path) -> None:
     sizes = [RENDER, (96, 128)]
     result = export_model(
@@ -155,7 +143,6 @@ def test_exports_at_sizes(trained: Trained, tmp_path: Path) -> None:
 
 
 @pytest.mark.extended
-@NEEDS_PIPELINE_SIZES
 def test_exports_at_a_range(trained: Trained, tmp_path: Path) -> None:
     result = export_model(
         trained.prepared, frames(1, *RENDER, seed=20), target="xnnpack", verify=True,

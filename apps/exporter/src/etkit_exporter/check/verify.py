@@ -228,13 +228,10 @@ class _Steps:
         with memory.watch() as peak:
             yield
             high = peak()
-        children = memory.children_peak()
         self.figures[name] = {
             "seconds": round(time.perf_counter() - start, 3),
             "peak_mb": None if high is None else round(high / memory.MB, 1),
         }
-        if children is not None:  # scenario_runner's, for a VGF (the largest child's so far)
-            self.figures[name]["children_peak_mb"] = round(children / memory.MB, 1)
 
     def runs(self, name: str) -> Callable[[int, int], None] | None:
         """``progress`` of a step made of runs (done, total)."""

@@ -7,7 +7,6 @@ Linux-only figures; elsewhere each reads ``None`` and nothing is refused."""
 from __future__ import annotations
 
 import re
-import resource
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,13 +47,6 @@ def reset_peak() -> bool:
     except OSError:
         return False
     return True
-
-
-def children_peak() -> int | None:
-    """The largest peak resident memory of any child process this process has waited for
-    (``scenario_runner`` running a VGF, a runtime in a child), bytes; ``None`` before any."""
-    high = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # kB on Linux
-    return high * 1024 if high else None
 
 
 def available() -> int | None:

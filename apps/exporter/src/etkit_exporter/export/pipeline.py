@@ -489,8 +489,8 @@ def _quantize(
     base, partitioner, spec = target_backend(target, intermediates, tosa_spec)
     if qat is not None:
         with stages.stage("quantize"):
-            q = qat.quantize()
-        return _Quantized(exported, q.converted, q.quantizer, partitioner, spec, *q.report)
+            q = qat.quantize(inputs, dynamic)  # at this size, or a range's dynamic shapes
+        return _Quantized(exported, q.converted, q.quantizer, partitioner, spec, *q.report, dynamic)
     quantizer = None
     saturations: tuple[Saturation, ...] = ()
     coordinates: dict[str, Any] = {}
