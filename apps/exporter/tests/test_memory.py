@@ -17,7 +17,7 @@ def test_nested_watches_each_see_their_own_peak() -> None:
     with memory.watch() as outer:
         with memory.watch() as inner:
             block = bytearray(300 * memory.MB)  # touched: resident
-            block[:: 4096] = b"\x01" * len(block[:: 4096])
+            block[::4096] = b"\x01" * len(block[::4096])
             del block
             inner_peak = inner()
         with memory.watch() as later:
