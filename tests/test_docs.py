@@ -20,6 +20,7 @@ import inspect
 import re
 import subprocess
 import sys
+import types
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -230,11 +231,17 @@ def test_a_guide_example_matches_the_code(where: str, code: str) -> None:
     runs on its example inputs); every other one is checked against the code's signatures."""
     tree = ast.parse(code, where)
     if self_contained(tree):
-        namespace: dict[str, Any] = {"__name__": "example"}
-        exec(compile(tree, where, "exec"), namespace)
-        if "make" in namespace:
-            model, inputs = namespace["make"]()
-            model(*inputs)
+        # A module of its own: torch.export (strict) reads a traced function's globals by
+        # importing its module, as for a module's classes.
+        example = types.ModuleType("example")
+        sys.modules["example"] = example
+        try:
+            exec(compile(tree, where, "exec"), example.__dict__)
+            if "make" in example.__dict__:
+                model, inputs = example.make()
+                model(*inputs)
+        finally:
+            del sys.modules["example"]
         return
     names: dict[str, Any] = {}
     for node in ast.walk(tree):
@@ -249,9 +256,15 @@ def test_a_guide_example_matches_the_code(where: str, code: str) -> None:
         if function is None or not module.startswith("etkit_") or not callable(function):
             continue
         signature = inspect.signature(function)
-        arguments = [None] * len(node.args)
         keywords = {k.arg: None for k in node.keywords if k.arg is not None}
+        # f(*args) or f(**kwargs) passes what is not known without running it: the arguments
+        # named must bind, the ones left out may be in the unpacking.
+        unpacked = any(isinstance(a, ast.Starred) for a in node.args) or any(
+            k.arg is None for k in node.keywords
+        )
+        arguments = [None] * sum(not isinstance(a, ast.Starred) for a in node.args)
+        bind = signature.bind_partial if unpacked else signature.bind
         try:
-            signature.bind(*arguments, **keywords)
+            bind(*arguments, **keywords)
         except TypeError as error:
             raise AssertionError(f"{where}: {ast.unparse(node)[:80]}: {error}") from None

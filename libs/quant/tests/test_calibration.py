@@ -124,7 +124,7 @@ def vgf_base() -> VgfQuantizer:
         pytest.param(
             Normalized,
             lambda: (torch.rand(1, 3, 8, 8),),
-            [snorm8()],  # [0, 1]: SNORM8, not UNORM8 (see the README)
+            [snorm8()],  # [0, 1]: SNORM8, not UNORM8 (see docs/libraries/quant-guide.md)
             [snorm8()],
             id="unit-interval",
         ),

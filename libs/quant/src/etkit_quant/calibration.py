@@ -10,7 +10,7 @@ names live in one module per idea and are all importable from here (and from ``e
 - ``etkit_quant.positions``: ``coordinate_position_error``, how far rounding the tensors entering
   the coordinate arithmetic to int8 moves the sampling positions (``POSITION_TOLERANCE_PX``);
 - ``etkit_quant.defaults``: ``default_qspecs``, each boundary's qspec chosen from those ranges
-  (the rule is in its docstring and the README);
+  (the rule is in its docstring and the guide, docs/libraries/quant-guide.md);
 - ``etkit_quant.saturation``: ``saturation`` / ``saturation_report``, for every fixed-parameter
   qspec at a boundary or grid sampler, the fraction of calibration values outside its
   representable range, with the covering qspec to use instead when it is past

@@ -1,6 +1,7 @@
 """Each boundary's qspec chosen from the observed ranges (``default_qspecs``): SNORM16 or a
 covering int16 scale for grids, SNORM8 or observed int8 for other values, so that nothing
-chosen clips the calibration data (the rule is in ``default_qspecs`` and the README)."""
+chosen clips the calibration data (the rule is in ``default_qspecs`` and
+docs/libraries/quant-guide.md)."""
 
 from __future__ import annotations
 
