@@ -42,6 +42,8 @@ FOREIGN_OPTIONS = frozenset(
         "--extensions",  # model-explorer's
         "--timeout",  # bench/fuzz.py's
         "--models",  # the benches'
+        "--checkpoint-every",  # apps/exporter/examples/qat_torchrun.py's
+        "--resume",
     }
 )
 
