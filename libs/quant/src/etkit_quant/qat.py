@@ -55,9 +55,7 @@ from etkit_quant.qspecs import (
     observed_int16,
 )
 from etkit_quant.quantize import arm_lowering, fit_to_backend
-
-# The package's public name (etkit_quant/__init__.py imports this module after it).
-from etkit_quant import check_calibration  # isort: skip
+from etkit_quant.samples import check_calibration
 
 logger = logging.getLogger(__name__)
 
