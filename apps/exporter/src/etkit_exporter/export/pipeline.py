@@ -4,14 +4,10 @@ integer-IO ExecuTorch program with its artifacts and report."""
 from __future__ import annotations
 
 import copy
-import errno
 import functools
 import json
 import logging
-import signal
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,6 +60,7 @@ from etkit_exporter.export.arguments import (
     quant_options,
 )
 from etkit_exporter.export.average_pools import vgf_average_pools
+from etkit_exporter.export.interruptions import disk_full, sigterm_as_exit
 from etkit_exporter.export.lowering import (
     lowering_to,
     program_for_target,
@@ -282,7 +279,7 @@ def export_model(
     stages = Stages(on_stage, progress=on_progress)
     try:
         with (
-            _sigterm_as_exit(),
+            sigterm_as_exit(),
             Staging(destination) as staging,
             shared_provenance(),
             profiled(stages.profile),  # timings.json's profile_s (etkit-export --profile)
@@ -312,7 +309,7 @@ def export_model(
                 keep_failed(staging, failed, force, producer, result.verification, root)
             staging.commit(force, producer=producer)
     except (ExportError, OSError) as error:
-        full = _disk_full(error)
+        full = disk_full(error)
         if full is None:
             raise
         raise ExportError(
@@ -323,39 +320,6 @@ def export_model(
     result.artifacts_root = root
     result.pte_path = root / "model.pte"
     return result
-
-
-def _disk_full(error: BaseException) -> OSError | None:
-    """The ENOSPC/EDQUOT error in ``error``'s chain of causes, if any."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
-            return current
-        current = current.__cause__ or current.__context__
-    return None
-
-
-@contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C (so the staging folder is removed) and exits 143; only where
-    SIGTERM has its default action and on the main thread, as Python allows."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
-        yield
-        return
-
-    def terminate(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(
