@@ -36,39 +36,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from etkit_exporter.export.demos import AnySizeFlowWarp
+
 CHECKPOINT_FORMAT = 1
-
-
-class AnySizeFlowWarp(torch.nn.Module):
-    """The flow-warp demo (two frames -> a conv net predicts a flow -> frame 0 warped ->
-    refined) with its base grid built from the input's batch and size, so that it trains on
-    any batch and crop."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.flow = torch.nn.Sequential(
-            torch.nn.Conv2d(6, 16, 3, padding=1),
-            torch.nn.ReLU(),
-            torch.nn.Conv2d(16, 2, 3, padding=1),
-        )
-        self.refine = torch.nn.Conv2d(3, 3, 3, padding=1)
-
-    def forward(self, frame0: torch.Tensor, frame1: torch.Tensor) -> torch.Tensor:
-        n, _, height, width = frame0.shape
-        flow = torch.tanh(self.flow(torch.cat([frame0, frame1], 1))) * 0.1
-        ys = torch.arange(height, dtype=torch.float32) * 2 / (height - 1) - 1
-        xs = torch.arange(width, dtype=torch.float32) * 2 / (width - 1) - 1
-        base = torch.stack(
-            (
-                xs.view(1, 1, -1).expand(n, height, width),
-                ys.view(1, -1, 1).expand(n, height, width),
-            ),
-            -1,
-        )
-        warped = F.grid_sample(
-            frame0, base + flow.permute(0, 2, 3, 1), padding_mode="border", align_corners=False
-        )
-        return torch.clamp(self.refine(warped) + warped, -1, 1)
 
 
 def make() -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:

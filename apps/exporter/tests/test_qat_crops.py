@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from etkit_exporter import ExportResult, export_model, qat_prepare
 from etkit_exporter.core.io_params import float_output, program_input
-from etkit_exporter.export.demos import FlowWarp, flow_warp, moving_textures
+from etkit_exporter.export.demos import AnySizeFlowWarp, flow_warp, moving_textures
 from etkit_exporter.export.qat import check_checkpoint
 from etkit_exporter.export.sizes import SizeError
 from etkit_exporter.programs.runtime import runtime_method
@@ -29,28 +29,6 @@ pytestmark = pytest.mark.slow
 RANGE = ((64, 144), (96, 256), 16)
 CROPS = [(4, 64, 96), (2, 96, 128)]  # batch, height, width of the training batches
 RENDER = (144, 256)
-
-
-class BatchGridFlowWarp(FlowWarp):
-    """The flow-warp demo with its base grid built from the input's batch, height and width in
-    tensor ops (N x H x W per coordinate), as size-agnostic warps are written."""
-
-    def forward(self, frame0: torch.Tensor, frame1: torch.Tensor) -> torch.Tensor:
-        n, _, height, width = frame0.shape
-        flow = torch.tanh(self.flow(torch.cat([frame0, frame1], 1))) * 0.1
-        ys = torch.arange(height, dtype=torch.float32) * 2 / (height - 1) - 1
-        xs = torch.arange(width, dtype=torch.float32) * 2 / (width - 1) - 1
-        base = torch.stack(
-            (
-                xs.view(1, 1, -1).expand(n, height, width),
-                ys.view(1, -1, 1).expand(n, height, width),
-            ),
-            -1,
-        )
-        warped = F.grid_sample(
-            frame0, base + flow.permute(0, 2, 3, 1), padding_mode="border", align_corners=False
-        )
-        return torch.clamp(self.refine(warped) + warped, -1, 1)
 
 
 def frames(batch: int, height: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +46,7 @@ class Trained:
 @pytest.fixture(scope="module")
 def trained() -> Trained:
     torch.manual_seed(0)
-    model = BatchGridFlowWarp().eval()
+    model = AnySizeFlowWarp().eval()
     calibration = [frames(2, 64, 96, 1), frames(1, 96, 128, 2)]  # two batches, two crops
     prepared = qat_prepare(
         model, frames(1, 64, 96, 3), target="xnnpack", calibration=calibration,

@@ -176,14 +176,13 @@ def output_reducer(
 ) -> OutputReducer:
     """What an envelope run keeps of output ``index``: its ``RunFigures`` against the quantized
     model's output (``references``), in the unit ``judge_outputs`` judges it in."""
+    flat = [ref.double().reshape(-1) for ref in references]  # once, not once a run
     units = [
-        judge_unit(ref, _output_step(entry))
-        for ref, entry in zip(references, io_outputs, strict=True)
+        judge_unit(ref, _output_step(entry)) for ref, entry in zip(flat, io_outputs, strict=True)
     ]
 
     def reduce(index: int, value: torch.Tensor) -> RunFigures:
-        entry = io_outputs[index]
-        return run_figures(_real(value, entry), references[index], units[index])
+        return run_figures(_real(value, io_outputs[index]), flat[index], units[index])
 
     return reduce
 

@@ -290,10 +290,11 @@ def _call_reducers(
 
             reducers[name] = integer
         elif value.dtype.is_floating_point:
-            unit = judge_unit(reference.double(), None)
+            flat = reference.double().reshape(-1)  # once, not once a run
+            unit = judge_unit(flat, None)
 
-            def real(d: torch.Tensor, r: torch.Tensor = reference, u: float = unit) -> Any:
-                return run_figures(d.double(), r.double(), u) if d.dtype.is_floating_point else None
+            def real(d: torch.Tensor, r: torch.Tensor = flat, u: float = unit) -> Any:
+                return run_figures(d, r, u) if d.dtype.is_floating_point else None
 
             reducers[name] = real
     return reducers

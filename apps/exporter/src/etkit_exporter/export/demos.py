@@ -39,6 +39,29 @@ class FlowWarp(torch.nn.Module):
         return torch.clamp(self.refine(warped) + warped, -1, 1)
 
 
+class AnySizeFlowWarp(FlowWarp):
+    """The flow-warp demo with its base grid built from the input's batch, height and width in
+    tensor ops (N x H x W per coordinate), as size-agnostic warps are written: a model that
+    trains on any batch and crop (QAT on crops; examples/qat_torchrun.py)."""
+
+    def forward(self, frame0: torch.Tensor, frame1: torch.Tensor) -> torch.Tensor:
+        n, _, height, width = frame0.shape
+        flow = torch.tanh(self.flow(torch.cat([frame0, frame1], 1))) * 0.1
+        ys = torch.arange(height, dtype=torch.float32) * 2 / (height - 1) - 1
+        xs = torch.arange(width, dtype=torch.float32) * 2 / (width - 1) - 1
+        base = torch.stack(
+            (
+                xs.view(1, 1, -1).expand(n, height, width),
+                ys.view(1, -1, 1).expand(n, height, width),
+            ),
+            -1,
+        )
+        warped = F.grid_sample(
+            frame0, base + flow.permute(0, 2, 3, 1), padding_mode="border", align_corners=False
+        )
+        return torch.clamp(self.refine(warped) + warped, -1, 1)
+
+
 class SpatialTransformer(torch.nn.Module):
     """A localization net -> affine_grid -> grid_sample."""
 
