@@ -272,13 +272,15 @@ def lowering_to(in_vgf: bool) -> Iterator[list[dict[str, Any]]]:
     become compute segments (etkit_gridsampler's rewrite pass runs before the Arm backend's own
     grid-sampler passes); yields the segments made. To XNNPACK: its pattern matching runs only
     where it can change the graph (``xnnpack_patterns_only_where_they_match``); yields ``[]``."""
-    with cia_ops_materialized_once(), codegen_deferred():
+    # the report handlers close on every route: a VGF export whose samplers stay in etkit's
+    # delegate partitions with the Arm partitioner too
+    with cia_ops_materialized_once(), codegen_deferred(), _partition_reports_closed():
         if not in_vgf:
             with xnnpack_patterns_only_where_they_match():
                 yield []
             return
 
-        with sampler_lowering() as segments, _partition_reports_closed():
+        with sampler_lowering() as segments:
             yield segments
 
 
