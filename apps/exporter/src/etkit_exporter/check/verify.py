@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import torch
 from executorch.runtime import Runtime
+from torch.utils import _pytree as pytree
 
 from etkit_exporter.check.envelope import rounding_envelope
 from etkit_exporter.check.judgement import judge_outputs, output_reducer
@@ -39,9 +40,8 @@ logger = logging.getLogger(__name__)
 
 
 def _outputs(value: object) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    return [v for v in value if isinstance(v, torch.Tensor)]  # type: ignore[attr-defined]
+    """The tensors a forward returned, in the program's order (a dict's values, a tuple's)."""
+    return [v for v in pytree.tree_leaves(value) if isinstance(v, torch.Tensor)]
 
 
 def _run_in_executorch_runtime(pte: Path, inputs: list[torch.Tensor]) -> list[torch.Tensor]:

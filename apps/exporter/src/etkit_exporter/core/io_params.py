@@ -89,7 +89,13 @@ def io_table(program: ExportedProgram, extracted: dict[str, dict[str, Any]]) -> 
     outputs = [n.name for n in user_output_nodes(program)]
     by_index = {
         "inputs": {placeholders.index(k): v for k, v in extracted.get("inputs", {}).items()},
-        "outputs": {outputs.index(k): v for k, v in extracted.get("outputs", {}).items()},
+        # an output returned twice (a state's new value that is also the image) is each
+        "outputs": {
+            i: v
+            for k, v in extracted.get("outputs", {}).items()
+            for i, name in enumerate(outputs)
+            if name == k
+        },
     }
     names = {"outputs": output_names(program)}
     for kind, nodes in (

@@ -89,6 +89,7 @@ class QuantOptions:
     samples: tuple[tuple[torch.Tensor, ...], ...]
     on_sample: Callable[[int, int], None] | None
     grid_math: str = "float"
+    state: tuple[tuple[int, int], ...] = ()  # (input, output) of each state pair (export.state)
 
     @property
     def float_coordinates(self) -> bool:
@@ -261,17 +262,16 @@ def check_grid_samplers(program: ExportedProgram) -> None:
 
 
 def check_no_state(program: ExportedProgram) -> None:
-    """Refuses a model that updates its own buffers in ``forward`` (``self.history.copy_(x)``, a
-    recurrent model's state): no export carries a state across calls yet, and a program that
-    dropped or mistyped the write-back would run wrong from the first frame without a word."""
+    """Refuses a captured program that still writes a buffer (``export.state`` lifts every
+    buffer a forward writes before capture: one it did not see, written only on some inputs,
+    would be dropped or mistyped by the program without a word)."""
     mutated = sorted(mutated_buffers(program))
     if mutated:
         names = ", ".join(repr(name) for name in mutated)
         raise ValueError(
             f"the model updates its buffer{'s' if len(mutated) > 1 else ''} {names} in forward "
-            "(a state kept across calls): etkit does not export a state yet; take it as an "
-            "input and return its new value as an output instead, and feed that output back "
-            "each frame"
+            "on the example inputs only as captured, not when run (a state etkit could not "
+            "lift): take it as an input, return its new value and name the pair with state="
         )
 
 

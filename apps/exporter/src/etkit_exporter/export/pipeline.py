@@ -4,6 +4,7 @@ integer-IO ExecuTorch program with its artifacts and report."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -29,6 +30,7 @@ from etkit_exporter.check.bundle import (
     bundle_bytes,
     sidecar,
 )
+from etkit_exporter.check.loop import LOOP_FRAMES
 from etkit_exporter.check.tolerance import check_tolerance
 from etkit_exporter.check.verdict import failed_destination, keep_failed
 from etkit_exporter.check.verify import (
@@ -75,6 +77,14 @@ from etkit_exporter.export.qat import QatExport, is_qat_model, qat_export, quant
 from etkit_exporter.export.quantization import boundary_quantizer
 from etkit_exporter.export.scenarios import export_scenario
 from etkit_exporter.export.stages import ProgressCallback, Stages
+from etkit_exporter.export.state import (
+    ModelState,
+    StatefulExport,
+    check_state_export,
+    prepare_state,
+    state_table,
+    verify_state_loop,
+)
 from etkit_gridsampler import GridSamplerBackend, GridSamplerPartitioner
 from etkit_gridsampler.call_sites import check_call_sites
 from etkit_gridsampler.vgf_shader import (
@@ -174,6 +184,9 @@ def export_model(
     on_progress: ProgressCallback | None = None,
     on_calibration_sample: Callable[[int, int], None] | None = None,
     extra_artifacts: Mapping[str, bytes] | None = None,
+    state: Mapping[str, str] | None = None,
+    sequence: Sequence[tuple[torch.Tensor, ...]] | None = None,
+    loop_frames: int = LOOP_FRAMES,
 ) -> ExportResult:
     """Exports ``model`` to an ExecuTorch program for ``target`` ("vgf": VGF plus etkit's grid
     sampler; "xnnpack": XNNPACK plus etkit's grid sampler), writing under ``artifacts_root``:
@@ -230,6 +243,14 @@ def export_model(
     input's height and width, calibrated on samples of any of its sizes. ``verify`` judges
     every method (a range: its smallest, largest, an odd and the example size).
 
+    State (docs/how-to/state.md; ``export.state``): a buffer ``forward`` writes is lifted into
+    an input and an output ``new_<name>``; ``state={"history": "new_history"}`` names the pairs
+    of a model that takes its state; each pair shares one qspec exactly, io_quant_params.json's
+    ``state`` says which output goes back into which input. ``calibration`` may then be
+    sequences (lists of frames), run with the state fed back; ``verify`` also runs the loop
+    over ``sequence`` (default: the first calibration sequence) for ``loop_frames`` frames
+    (``check.loop``, report ``verification["loop"]``).
+
     ``etrecord`` (``artifact.etrecord``): "slim" (default) what ExecuTorch's Inspector and
     ``etkit inspect`` run; "full" adds the ATen program and the float model ("vs float").
 
@@ -251,6 +272,10 @@ def export_model(
         ))  # fmt: skip
         model, grid_math = qat.float_model, qat.grid_math or grid_math
     inputs = check_arguments(model, example_inputs, target)
+    stateful = prepare_state(model.eval(), inputs, state, calibration, sequence, loop_frames)
+    if stateful is not None:  # buffers written in forward lifted, the state named (state.py)
+        check_state_export(qat is not None, sizes, dynamic_size)
+        model, inputs, calibration = stateful.model, stateful.inputs, stateful.samples
     plan = sizing.check_sizes(sizes, dynamic_size, inputs, target, qat=qat is not None)
     spec = check_tosa_spec(tosa_spec, target, enable_pt2e_quantization)
     if scenario and target != "vgf":
@@ -271,6 +296,8 @@ def export_model(
         calibration=calibration, on_sample=on_calibration_sample, grid_math=grid_math,
         reference_for=sizing.calibration_reference(inputs, plan),  # samples of any of its sizes
     )  # fmt: skip
+    if stateful is not None:
+        quant = dataclasses.replace(quant, state=stateful.state.index_pairs)
     plan = sizing.calibrated_at(plan, quant.samples)  # an enumerated export's: one of them
     destination = check_destination(root, force)
     failed = failed_destination(root, force) if verify else None
@@ -301,6 +328,7 @@ def export_model(
                 qat=qat,
                 plan=plan,
                 full_record=full_record,
+                stateful=stateful,
             )
             for name, data in extras.items():
                 (staging.path / name).write_bytes(data)
@@ -339,6 +367,7 @@ def _run(
     qat: QatExport | None = None,
     plan: sizing.SizePlan | None = None,
     full_record: bool = False,
+    stateful: StatefulExport | None = None,
 ) -> ExportResult:
     """The stages in order, one job after another: quantize, lower, write the program (and
     load it), verify (and bundle), write the scenario and the report."""
@@ -362,13 +391,17 @@ def _run(
     for warning in float_section["warnings"]:
         logger.warning("%s", warning)
     io_params = _write_program(
-        lowered, quantized, inputs, work, intermediates, target, stages, methods, full_record
-    )
+        lowered, quantized, inputs, work, intermediates, target, stages, methods, full_record,
+        stateful.state if stateful else None,
+    )  # fmt: skip
     verification, run = None, None
     if verify:
         verification, run = _verify(
             work, model, quantized, inputs, io_params, target, tolerance, quant, stages, qat
         )
+        if stateful is not None:  # the loop over frames, each state fed back (check.loop)
+            verify_state_loop(work, model, quantized.converted, stateful, io_params, target,
+                              tolerance, quant, stages, verification)  # fmt: skip
     sizes_section, size_cases = multi.sizes_section(  # bytes; every method or range size judged
         work, model, methods, plan, target, verification, io_params, stages.stage,
         tolerance=tolerance, float_export=not quant.enabled, intermediates=intermediates,
@@ -626,6 +659,7 @@ def _write_program(
     stages: Stages,
     methods: Sequence[multi.Method] = (),
     full_record: bool = False,
+    state: ModelState | None = None,
 ) -> dict[str, Any]:
     """Stages serialize, load and etrecord: model.pte and io_quant_params.json written, the
     program loaded back, the ETRecord written (``forward``'s). Returns the IO parameters with
@@ -637,6 +671,8 @@ def _write_program(
         pte = multi.program_buffer(methods, executorch_manager)  # one method, or all in one
         io_params = with_pte_layouts(lowered.io_params, pte)  # the dim orders the .pte really has
         multi.add_method_io(io_params, methods, pte)
+        if state is not None:  # which output goes back into which input, as it is
+            io_params["state"] = state_table(state, io_params)
         (work / "model.pte").write_bytes(pte)
         (work / "io_quant_params.json").write_text(json.dumps(io_params, indent=2) + "\n")
     with stages.stage("load"):  # a program the runtime refuses is no export

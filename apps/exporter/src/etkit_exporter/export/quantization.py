@@ -18,6 +18,7 @@ from etkit_exporter.export.arguments import (
     SamplerQSpec,
     UnproducibleQspecError,
 )
+from etkit_exporter.export.state import share_state_qspecs
 from etkit_quant import (
     BoundaryQuantizer,
     ObservedRange,
@@ -105,6 +106,11 @@ def boundary_quantizer(
         exported, quant.inputs if quant.inputs is not None else defaults.input_qspecs
     )
     output_qspecs = quant.outputs if quant.outputs is not None else defaults.output_qspecs
+    if quant.state:  # a state's input and output: one qspec, exactly (export.state)
+        input_qspecs, output_qspecs = share_state_qspecs(
+            input_qspecs, output_qspecs, observation.inputs, observation.outputs, quant.state,
+            quant.inputs,
+        )  # fmt: skip
     observed_boundaries = list(zip(observation.inputs, input_qspecs, strict=False)) + list(
         zip(observation.outputs, output_qspecs, strict=False)
     )
