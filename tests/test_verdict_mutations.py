@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import verdict_mutations as vm  # beside this file: tests/ is on pytest's pythonpath
 
-from etkit_exporter.export.demos import DEMOS
+from etkit_exporter import export_model
+from etkit_exporter.check.verdict import VerificationError
+from etkit_exporter.export.demos import DEMOS, moving_scene
 
 # In CI: four kinds per target, of four classes each (a coordinate bias under a pixel,
 # truncation, one channel's weight scale, the output read a step up; a bias a step up, a grid
@@ -98,3 +100,19 @@ def test_every_miscompilation_above_the_envelope_is_caught(
     if outcome.size <= 1 and outcome.bias <= 1:
         pytest.skip(f"{name} is within the rounding envelope (power {outcome.size:.3g} x bound)")
     _check(outcome)
+
+
+def test_the_history_warp_shifted_a_quarter_pixel_fails(tmp_path: Path) -> None:
+    """A program mutation in the recurrent path (the history's warp grid shifted 1/4 pixel
+    before its quantize), injected into the edge program: the verdict fails it."""
+    model, inputs = DEMOS["temporal-accumulator"]()
+    fired: list[str] = []
+    with vm.mutated(vm.grid_math("shift", 0.25), fired), pytest.raises(VerificationError) as caught:
+        export_model(
+            model, inputs, artifacts_root=tmp_path / "out", target="xnnpack",
+            calibration=moving_scene(4, 32, 48), verify=True, loop_frames=8,
+        )  # fmt: skip
+    assert fired and fired[0].startswith("grid shift")
+    message = str(caught.value)  # frame 0's outputs, or the loop from its first failing frame
+    assert message.startswith("verification failed")
+    assert "output 0 vs the quantized PT2E model" in message or "the loop: from frame" in message

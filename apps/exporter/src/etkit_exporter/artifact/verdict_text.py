@@ -28,9 +28,18 @@ def verdict_lines(verdict: Mapping[str, Any]) -> list[str]:
     for c in verdict.get("coordinates", []):
         if not c.get("passes", True):
             lines.append(coordinate_text(c))
+    loop = verdict.get("loop_divergence")
+    if loop:  # the loop over frames (check.loop)
+        drifted = f" (state {', '.join(loop['states'])} drifted)" if loop.get("states") else ""
+        lines.append(
+            f"the loop: from frame {loop['frame']}, output {', '.join(loop['outputs'])} leaves "
+            f"the rounding envelope of the quantized model's own loop{drifted}"
+        )
     divergence = verdict.get("divergence")
     if divergence:
         lines.append("first divergence: " + divergence_text(divergence))
+    elif loop and not any(not o.get("passes", True) for o in verdict.get("outputs", [])):
+        pass  # frame 0 passed: the loop's line says where
     elif verdict.get("result") == "fail":
         lines.append(
             "first divergence: "

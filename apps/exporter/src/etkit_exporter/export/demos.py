@@ -120,7 +120,59 @@ def resample() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     return model, (torch.rand(1, 4, 32, 48) * 2 - 1, grid)
 
 
-DEMOS: dict[str, DemoFactory] = {"flow-warp": flow_warp, "stn": stn, "resample": resample}
+class TemporalAccumulator(torch.nn.Module):
+    """A recurrent model written the usual way (temporal anti-aliasing, denoising): a registered
+    ``history``, reprojected by a flow a small conv net predicts from the frame and the history,
+    blended with the frame, written back with ``copy_``; the output is the new history. etkit
+    lifts the buffer into a state pair (``export.state``)."""
+
+    def __init__(self, height: int = 32, width: int = 48, channels: int = 3) -> None:
+        super().__init__()
+        self.register_buffer("history", torch.zeros(1, channels, height, width))
+        self.flow = torch.nn.Sequential(
+            torch.nn.Conv2d(2 * channels, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 2, 3, padding=1),
+        )
+        self.blend = 0.8  # the history's weight
+
+    def forward(self, frame: torch.Tensor) -> torch.Tensor:
+        _, _, height, width = frame.shape
+        history: torch.Tensor = self.history  # type: ignore[assignment]
+        flow = torch.tanh(self.flow(torch.cat([frame, history], 1))) * 0.05
+        grid = pixel_grid(height, width) + flow.permute(0, 2, 3, 1)
+        warped = F.grid_sample(history, grid, padding_mode="border", align_corners=True)
+        out = self.blend * warped + (1 - self.blend) * frame
+        history.copy_(out)
+        return out
+
+
+def temporal_accumulator() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    model = _seeded(TemporalAccumulator()).eval()
+    (frame,) = moving_scene(1, 32, 48)[0]
+    return model, (frame,)
+
+
+def moving_scene(
+    frames: int, height: int, width: int, *, channels: int = 3, seed: int = 0
+) -> list[tuple[torch.Tensor]]:
+    """A short video: a smooth random texture in [-1, 1] panning by about a pixel a frame, each
+    frame a 1-tuple of a 1 x ``channels`` x ``height`` x ``width`` tensor (a sequence of the
+    temporal accumulator's inputs)."""
+    generator = torch.Generator().manual_seed(seed)
+    big = torch.rand(
+        1, channels, height // 4 + 4, width // 4 + 4 + frames // 4, generator=generator
+    )
+    texture = F.interpolate(big * 2 - 1, scale_factor=4, mode="bilinear", align_corners=False)
+    return [(texture[..., 8 : 8 + height, t : t + width].contiguous(),) for t in range(frames)]
+
+
+DEMOS: dict[str, DemoFactory] = {
+    "flow-warp": flow_warp,
+    "stn": stn,
+    "resample": resample,
+    "temporal-accumulator": temporal_accumulator,
+}
 
 
 def moving_textures(
