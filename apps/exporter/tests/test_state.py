@@ -268,3 +268,51 @@ def test_the_accumulator_on_vgf_passes_a_short_loop(tmp_path: Path) -> None:
     assert result.io_quant_params["state"][0]["copy_as_is"]
     loop = result.verification["loop"]
     assert loop["result"] == "pass" and loop["frames"] == 3, loop["first_failure"]
+
+
+def test_the_cli_exports_a_recurrent_model_from_sequence_folders(tmp_path: Path) -> None:
+    """etkit-export on the accumulator demo with --calibration-sequences (two folders of .npy
+    frames) and --loop-frames: exit 0, the state pair in io_quant_params.json, the loop of 4
+    frames in report.json, its options in export.toml."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    for name, seed in (("a", 1), ("b", 2)):
+        folder = tmp_path / "seqs" / name
+        folder.mkdir(parents=True)
+        for t, (frame,) in enumerate(moving_scene(3, *SIZE, seed=seed)):
+            np.save(folder / f"{t:03d}.npy", frame.numpy())
+    command = [str(Path(sys.executable).parent / "etkit-export"), "demo", "temporal-accumulator",
+               "-t", "xnnpack", "--calibration-sequences", "seqs", "--verify", "--loop-frames",
+               "4", "--verify-tolerance", "samples=4", "--out", "out"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    io = json.loads((tmp_path / "out" / "io_quant_params.json").read_text())
+    assert io["state"][0]["output"] == "new_history"
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["verification"]["loop"]["frames"] == 4
+    assert report["verification"]["loop"]["frames_given"] == 3
+    assert 'loop-frames = "4"' in (tmp_path / "out" / "export.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--state", "history"], "--state history: give INPUT=OUTPUT"),
+        (["--loop-frames", "0"], "--loop-frames 0: give a whole number of frames"),
+        (["--calibration-sequences", "nowhere"], "give a folder with one sub-folder per sequence"),
+    ],
+)
+def test_a_bad_state_option_is_a_one_line_usage_error(
+    options: list[str], expected: str, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    command = [str(Path(sys.executable).parent / "etkit-export"), "demo", "temporal-accumulator",
+               *options, "--out", "out"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 2 and expected in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()

@@ -43,6 +43,9 @@ OPTIONS: Final[dict[str, str]] = {
     "dynamic_size": "str",
     "qat_checkpoint": "str",
     "etrecord": "str",
+    "state": "list",
+    "calibration_sequences": "str",
+    "loop_frames": "str",
 }
 
 CONFIG_NAME: Final = "export.toml"

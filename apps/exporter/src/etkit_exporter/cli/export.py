@@ -186,6 +186,22 @@ def _parser() -> argparse.ArgumentParser:
         "--calibration, --quant-*); nothing is calibrated again",
     )  # fmt: skip
     parser.add_argument(
+        "--state", action="append", metavar="INPUT=OUTPUT",
+        help="a state the model takes and returns: OUTPUT goes back into INPUT each frame, "
+        "e.g. history=new_history (repeat for each; a buffer forward writes needs none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--calibration-sequences", metavar="FOLDER",
+        help="a model with state: a folder of sequences, one sub-folder each, its frames in "
+        "name order as --calibration reads samples; calibrated with the state fed back, and "
+        "the first sequence is the loop --verify runs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--loop-frames", metavar="N",
+        help="a model with state: frames --verify runs the loop for (default 16; a shorter "
+        "sequence holds its last frame)",
+    )  # fmt: skip
+    parser.add_argument(
         "--sizes", metavar="HxW,...",
         help="export for these input sizes, one method each in one program (forward_540x960, "
         "...; forward is the first), e.g. 540x960,720x1280",
@@ -382,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if text is not None
         }
         calibration = _calibration_from(args, model, inputs)
+        stateful = _state_options(args, model, inputs, calibration)
         qat = _qat_options(args, ins, outs, samplers, calibration)  # these prepare a QAT model
         if qat is not None:
             ins = outs = calibration = None
@@ -420,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             artifacts_root=out,
             quantized_input_qspecs=ins,
             quantized_output_qspecs=outs,
-            calibration=calibration,
+            **({} if "calibration" in stateful else {"calibration": calibration}),
             on_calibration_sample=_SampleProgress(progress),
             enable_pt2e_quantization=not args.no_quant,
             **samplers,
@@ -435,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             scenario=args.scenario,
             sampler_delegate=args.sampler_delegate,
             **sized,
+            **stateful,
             force=args.force,
             on_stage=stage_progress,
             on_progress=stage_progress.step,
@@ -530,6 +548,51 @@ def _tolerance_from(args: argparse.Namespace) -> Any:
         return parse_tolerance(args.verify_tolerance)
     except ValueError as error:
         raise UsageError(f"--verify-tolerance: {error}") from error
+
+
+def _state_options(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    calibration: list[tuple[torch.Tensor, ...]] | None,
+) -> dict[str, Any]:
+    """``export_model``'s ``state``, ``calibration`` (as sequences) and ``loop_frames`` from
+    --state, --calibration-sequences and --loop-frames."""
+    options: dict[str, Any] = {}
+    if args.state:
+        pairs = {}
+        for text in args.state:
+            name_in, sep, name_out = text.partition("=")
+            if not sep or not name_in.strip() or not name_out.strip():
+                raise UsageError(f"--state {text}: give INPUT=OUTPUT, e.g. history=new_history")
+            pairs[name_in.strip()] = name_out.strip()
+        options["state"] = pairs
+    if args.loop_frames is not None:
+        try:
+            frames = int(args.loop_frames)
+        except ValueError:
+            frames = 0
+        if frames < 1:
+            raise UsageError(
+                f"--loop-frames {args.loop_frames}: give a whole number of frames, 1 or more"
+            )
+        options["loop_frames"] = frames
+    if args.calibration_sequences is not None:
+        if calibration is not None:
+            raise UsageError("--calibration and --calibration-sequences: give one of them")
+        folder = Path(args.calibration_sequences)
+        parts = sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+        if not parts:
+            raise UsageError(
+                f"--calibration-sequences {folder}: give a folder with one sub-folder per sequence"
+            )
+        sequences = []
+        for part in parts:
+            args.calibration = str(part)
+            sequences.append(_calibration_from(args, model, inputs))
+        args.calibration = None
+        options["calibration"] = sequences
+    return options
 
 
 def _calibration_from(

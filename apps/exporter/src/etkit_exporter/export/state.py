@@ -416,6 +416,8 @@ def prepare_state(
     calibration run as sequences with the state fed back, the loop's frames chosen (``sequence``,
     else the first calibration sequence, else the example; held to ``frames``). None for a model
     without state. One line for a frame of a sequence with a missing input."""
+    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+        raise ValueError(f"loop_frames must be a whole number of frames, 1 or more, got {frames!r}")
     lifted = lift_buffers(model, inputs)
     found = None
     if lifted is not None:
