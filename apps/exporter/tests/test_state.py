@@ -296,6 +296,26 @@ def test_the_cli_exports_a_recurrent_model_from_sequence_folders(tmp_path: Path)
     assert report["verification"]["loop"]["frames_given"] == 3
     assert 'loop-frames = "4"' in (tmp_path / "out" / "export.toml").read_text()
 
+    # etkit run over a folder of frames, the state fed back: frame by frame what a loop in
+    # executorch.runtime gives
+    run = [str(Path(sys.executable).parent / "etkit"), "run", "out", "--frames", "seqs/a",
+           "--out", "runs"]  # fmt: skip
+    done = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0 and "ran 3 frames with the state fed back" in done.stdout, (
+        done.stderr[-2000:]
+    )
+    sampler_runtime.register()
+    method = Runtime.get().load_program(tmp_path / "out" / "model.pte").load_method("forward")
+    history = program_input(torch.zeros(1, 3, *SIZE), io["inputs"][1])
+    for t, (frame,) in enumerate(moving_scene(3, *SIZE, seed=1)):
+        outputs = [
+            y.clone() for y in method.execute([program_input(frame, io["inputs"][0]), history])
+        ]
+        history = outputs[1]
+        written = np.load(tmp_path / "runs" / f"frame_{t:03d}" / "output_0.npy")
+        assert np.array_equal(written, outputs[0].numpy())
+        assert (tmp_path / "runs" / f"frame_{t:03d}" / "output_0.png").is_file()
+
 
 @pytest.mark.parametrize(
     ("options", "expected"),

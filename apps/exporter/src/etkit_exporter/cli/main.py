@@ -97,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
                      "(its own inputs unless --input is given)")  # fmt: skip
     run.add_argument("--input", action="append", type=Path, default=[], metavar="FILE",
                      help="one per program input, in order")  # fmt: skip
+    run.add_argument("--frames", type=Path, metavar="DIR",
+                     help="an export with state: run it over the frames in DIR (files, or "
+                     "sub-folders with one file per input, in name order), each state output "
+                     "fed back; writes frame_NNN/output_K.* into --out")  # fmt: skip
     run.add_argument("--out", type=Path, default=Path("run-outputs"), metavar="DIR")
     run.add_argument("--backend-impl", choices=("cpu", "vulkan"), default="cpu",
                      help="the grid sampler's implementation")  # fmt: skip
@@ -162,6 +166,8 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     if pte.suffix == ".bpte":
         return _run_bundle(args)
+    if args.frames is not None:
+        return _run_frames(args)
     from etkit_exporter.cli.run import run_export
 
     try:
@@ -230,6 +236,30 @@ def _inspect(args: argparse.Namespace) -> int:
     print(
         f"inspected in {inspection.seconds:.1f} s"
         + ("" if args.no_report else f"; added to {args.artifacts / 'report.md'} and report.json")
+    )
+    return 0
+
+
+def _run_frames(args: argparse.Namespace) -> int:
+    from etkit_exporter.cli.run import RunUsageError, run_frames
+    from etkit_exporter.core.calibration_data import CalibrationDataError
+
+    if args.input:
+        print("etkit run: --frames and --input: give one of them", file=sys.stderr)
+        return 2
+    try:
+        summary = run_frames(
+            args.pte, args.frames, args.out, backend_impl=args.backend_impl,
+            image_range=args.image_range,
+        )  # fmt: skip
+    except (RunUsageError, CalibrationDataError) as error:
+        print(f"etkit run: {error}".splitlines()[0], file=sys.stderr)
+        return 2
+    _print_warnings(summary["warnings"])
+    print(
+        f"ran {summary['frames']} frames with the state fed back in {summary['runner']} in "
+        f"{summary['seconds']:.3f} s ({summary['frames_per_second']:.1f} frames/s); wrote "
+        f"frame_000 .. frame_{summary['frames'] - 1:03d} to {args.out}"
     )
     return 0
 

@@ -486,3 +486,95 @@ def _etdump_calls(etdump: Path, debug: Path, etrecord: Path) -> dict[str, Any]:
         if event.name == "DELEGATE_CALL"
     ]  # fmt: skip
     return {"delegate_calls": calls, "etdump_events": len(events)}
+
+
+def run_frames(
+    pte: Path,
+    frames: Path,
+    out: Path,
+    *,
+    backend_impl: GridSamplerImpl = "cpu",
+    image_range: tuple[float, float] = (-1.0, 1.0),
+) -> dict[str, Any]:
+    """Runs ``pte`` (an export with state: io_quant_params.json's ``state``) over the frames in
+    the folder ``frames``, in name order, each state input given what its output returned the
+    frame before, as it is (the first frame: the state at zero): a frame is a file (a program
+    with one input besides its state) or a sub-folder with one file per such input, sorted by
+    name. Writes ``frame_NNN/output_K.npy`` (and ``.png`` for image-like outputs) into
+    ``out``. Returns a summary: frames, seconds, frames per second, what ran it, warnings."""
+    import numpy as np
+    import torch
+
+    from etkit_exporter.core.io_params import float_output, program_input
+    from etkit_exporter.programs import load_program
+    from etkit_pterunner import PteError
+
+    pte = resolve_program(pte)
+    check_arguments([], out)
+    params_path = pte.with_name("io_quant_params.json")
+    params = json.loads(params_path.read_text()) if params_path.is_file() else {}
+    pairs = {p["input_index"]: p["output_index"] for p in params.get("state", [])}
+    if not pairs:
+        raise RunUsageError(
+            f"--frames: {pte} keeps no state (its io_quant_params.json names no state pair); "
+            "run each frame with --input"
+        )
+    entries = params["inputs"]
+    free = [e for e in entries if e["index"] not in pairs]
+    listed = sorted(frames.iterdir()) if frames.is_dir() else []
+    if not listed:
+        raise RunUsageError(f"--frames {frames}: give a folder of frames (files or sub-folders)")
+    try:
+        program = load_program(pte, grid_sampler_impl=backend_impl)
+        in_runtime = _runs_in_executorch_runtime(program, profile=False)
+        if not in_runtime:
+            program.check("forward")
+    except PteError as error:
+        raise RunUsageError(f"{pte}: {error}") from error
+    method = None
+    if in_runtime:
+        from etkit_exporter.programs.runtime import runtime_method
+
+        method = runtime_method(pte)
+    runner = "executorch.runtime" if in_runtime else "etkit runner"
+
+    def run(values: list[torch.Tensor]) -> list[torch.Tensor]:
+        if method is not None:
+            return list(method.execute(values))
+        return list(program.run(values).outputs)
+
+    warnings: list[str] = []
+    state = {k: program_input(torch.zeros(entries[k]["shape"]), entries[k]) for k in pairs}
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    for number, frame in enumerate(listed):
+        files = sorted(p for p in frame.iterdir()) if frame.is_dir() else [frame]
+        if len(files) != len(free):
+            raise RunUsageError(
+                f"--frames {frame}: {len(files)} files where the program takes {len(free)} "
+                "inputs besides its state; give one file per input"
+            )
+        given = iter(files)
+        values = [
+            state[e["index"]] if e["index"] in pairs
+            else _checked_input(_read_input(path := next(given), image_range), e, str(path),
+                                warnings)
+            for e in entries
+        ]  # fmt: skip
+        outputs = [y.clone() for y in run(values)]
+        state = {k: outputs[j] for k, j in pairs.items()}
+        folder = out / f"frame_{number:03d}"
+        folder.mkdir()
+        for k, value in enumerate(outputs):
+            np.save(folder / f"output_{k}.npy", value.contiguous().numpy())
+            if value.dim() == 4 and value.shape[1] in (1, 3, 4):
+                _write_png(folder / f"output_{k}.png", float_output(value, params["outputs"][k]),
+                           image_range)  # fmt: skip
+    seconds = time.perf_counter() - began
+    return {
+        "frames": len(listed),
+        "seconds": seconds,
+        "frames_per_second": len(listed) / seconds if seconds > 0 else None,
+        "runner": runner,
+        "warnings": warnings,
+    }
