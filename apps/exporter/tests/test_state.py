@@ -90,7 +90,13 @@ def test_a_buffer_written_in_forward_becomes_a_state_pair_sharing_its_parameters
     assert loop["result"] == "pass" and loop["frames"] == 16 and loop["frames_given"] == 8
     assert [row["frame"] for row in loop["per_frame"]] == list(range(16))
     assert (out / "verify_loop.png").stat().st_size > 1000
-    assert json.loads((out / "report.json").read_text())["verification"]["loop"]["frames"] == 16
+    written = json.loads((out / "report.json").read_text())["verification"]["loop"]
+    assert written["frames"] == 16 and "seconds" not in written  # report.json stays the same
+    cost = json.loads((out / "timings.json").read_text())["verification_loop"]
+    assert cost["frames_per_second"]["program"] > 0
+    assert (
+        "### The loop: 16 frames (8 given, the last held), pass" in (out / "report.md").read_text()
+    )
 
 
 def test_the_program_runs_the_loop_in_executorch_runtime_with_its_own_state(

@@ -363,6 +363,7 @@ def _verification_markdown(verification: dict[str, Any] | None) -> list[str]:
         ],
     )
     lines += _delegate_calls_markdown(verification.get("delegates"))
+    lines += _loop_markdown(verification.get("loop"))
     for v in verification["comparisons"]:
         if v.get("picture"):
             alt = f"output {v['output']}: float model, program, error"
@@ -565,6 +566,49 @@ TIMINGS_NAME = "timings.json"
 MEASURED_KEYS = ("timings_s", "peak_memory_mb", "profile_s")
 
 
+LOOP_MEASURED = ("seconds", "frames_per_second")  # a loop's cost: timings.json
+
+
+def _loop_markdown(loop: dict[str, Any] | None) -> list[str]:
+    """The loop over frames (``check.loop``): its result, and per output the PSNR against the
+    quantized and the float loop at frames 1, 8 and the last, and the worst state saturation."""
+    if not loop:
+        return []
+    frames = loop["frames"]
+    given = loop.get("frames_given", frames)
+    held = f" ({given} given, the last held)" if given < frames else ""
+    first = loop.get("first_failure")
+    verdict = (
+        "pass"
+        if first is None
+        else f"**fail** from frame {first['frame']} ({', '.join(first['outputs'])})"
+    )
+    lines = ["", f"### The loop: {frames} frames{held}, {verdict}", ""]
+    rows = loop.get("per_frame", [])
+    picked = sorted({t for t in (1, 8, frames - 1) if 0 <= t < len(rows)})
+    header = ["output", *(f"frame {t}: vs quantized / vs float dB" for t in picked)]
+    body = []
+    for index, output in enumerate(rows[0]["outputs"] if rows else []):
+        cells = [output["name"]]
+        for t in picked:
+            o = rows[t]["outputs"][index]
+            cells.append(f"{_db(o['psnr_vs_quantized_db'])} / {_db(o['psnr_vs_float_db'])}")
+        body.append(cells)
+    lines += _table(header, body)
+    shares = [
+        (row["frame"], name, share)
+        for row in loop.get("state_saturation", [])
+        for name, share in row.items()
+        if name != "frame" and isinstance(share, float)
+    ]
+    if shares:
+        frame, name, share = max(shares, key=lambda s: s[2])
+        lines += ["", f"State saturation: at most {100 * share:.3g} % ({name}, frame {frame})."]
+    if loop.get("plot"):
+        lines += ["", f"![PSNR per frame]({loop['plot']})"]
+    return lines
+
+
 def write_report(report: dict[str, Any], folder: Path) -> None:
     """``report.json`` and ``report.md`` in ``folder``, and the measured figures, which differ
     from run to run, apart in ``timings.json``: the stage timings (``timings_s``), each stage's
@@ -576,7 +620,17 @@ def write_report(report: dict[str, Any], folder: Path) -> None:
     verification = written.get("verification")
     if isinstance(verification, dict) and "stages" in verification:  # its own stages' cost
         measured["verification_stages"] = verification["stages"]
-        written["verification"] = {k: v for k, v in verification.items() if k != "stages"}
+        written["verification"] = verification = {
+            k: v for k, v in verification.items() if k != "stages"
+        }
+    loop = verification.get("loop") if isinstance(verification, dict) else None
+    if isinstance(verification, dict) and isinstance(loop, dict) and "seconds" in loop:
+        # the loop's cost (seconds, frames per second) is measured: timings.json
+        measured["verification_loop"] = {k: loop[k] for k in LOOP_MEASURED if k in loop}
+        written["verification"] = {
+            **verification,
+            "loop": {k: v for k, v in loop.items() if k not in LOOP_MEASURED},
+        }
     (folder / "report.json").write_text(json.dumps(written, indent=2, default=str) + "\n")
     (folder / "report.md").write_text(render_markdown(written))
     if "timings_s" in measured:
