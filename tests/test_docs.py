@@ -1,22 +1,22 @@
 """The docs site (``mkdocs.yml``) builds with warnings as errors, its reference holds every public
-name of every library, and the guides' Python examples still match the code.
+name of every library, and the guides' Python examples run.
 
 - ``mkdocs build --strict``: a broken link or anchor, a module or function that does not exist,
   a cross-reference to nothing, an ``etkit-export``/``etkit`` option the parsers do not have
   (``docs/hooks/cli_reference.py``) each fail it; so does a page left out of the navigation.
 - The reference: the site's inventory (``objects.inv``, written by mkdocstrings) holds every
   name in each library's ``__all__`` and every public function and class of its public modules.
-- The examples: every ```` ```python ```` block of the pages that defines what it uses and
-  exports nothing runs (a model factory it defines makes a model that runs); every other one
-  runs its imports, and each call of an etkit function, class or method it names binds to that
-  callable's signature (an export takes minutes: its calls are checked, not made).
-"""
+- The examples: every ```` ```python ```` block of the pages under ``docs/`` runs, exports and
+  QAT included, as a reader would run it: a page's blocks in order in one namespace and working
+  folder, with what the page's prose assumes the reader has (a model, its inputs, calibration
+  samples, a written export) added first at small size (``docs_context.py``). The pages share
+  what is slow: the "Run a program" guide runs the export the "Your own model" guide writes.
+  (The shell blocks' ``etkit-export``/``etkit`` options are checked by the build.)"""
 
 from __future__ import annotations
 
 import ast
-import builtins
-import inspect
+import contextlib
 import re
 import subprocess
 import sys
@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docs_context
 import griffe
 import pytest
 
@@ -177,94 +178,96 @@ def test_the_pages_outside_the_site_name_what_exists() -> None:
     assert problems == []
 
 
-def python_examples() -> Iterator[tuple[str, str]]:
+def python_examples() -> dict[str, list[tuple[int, str]]]:
+    """Each page's ```` ```python ```` blocks, in order, with the line each starts on, by the
+    page's path under ``docs/``."""
+    examples: dict[str, list[tuple[int, str]]] = {}
     for path in sorted(DOCS.rglob("*.md")):
-        for index, block in enumerate(
-            re.findall(r"^```python\n(.*?)^```", path.read_text(), re.M | re.S)
-        ):
-            yield f"{path.relative_to(DOCS)}#{index}", block
+        text = path.read_text()
+        for match in re.finditer(r"^```python\n(.*?)^```", text, re.M | re.S):
+            line = text.count("\n", 0, match.start(1)) + 1
+            examples.setdefault(str(path.relative_to(DOCS)), []).append((line, match[1]))
+    return examples
 
 
-def callee(node: ast.expr, names: dict[str, Any]) -> Any:
-    """The object a call's function expression names, through imported names and attributes;
-    ``None`` where it is not known without running the example."""
-    if isinstance(node, ast.Name):
-        return names.get(node.id)
-    if isinstance(node, ast.Attribute):
-        owner = callee(node.value, names)
-        if owner is None:
-            return None
-        assert hasattr(owner, node.attr), f"{ast.unparse(node)}: no attribute {node.attr!r}"
-        return getattr(owner, node.attr)
-    return None
+EXAMPLES = python_examples()
 
 
-# What takes minutes (an export, QAT) or a written export: an example calling these is checked
-# against the code, not run.
-HEAVY = frozenset({"export_model", "qat_prepare", "load_program", "open"})
+class Pages:
+    """Runs the guides' examples as a reader would: a page's examples in order, in one namespace
+    (a module of its own, registered while the tests run: ``torch.export``, strict, imports a
+    traced class's module) and one working folder of the page's own, each after what its
+    context adds (``docs_context.CONTEXT``). Each example runs once; a page's later example
+    runs the ones before it first, and an earlier page's when a context asks for it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.modules: dict[str, types.ModuleType] = {}
+        self.ran: dict[str, int] = {}  # how many of each page's examples have run
+        self.failed: dict[str, str] = {}
+
+    def folder(self, page: str) -> Path:
+        folder = self.root / re.sub(r"\W", "-", page.removesuffix(".md"))
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def run(self, page: str, index: int) -> dict[str, Any]:
+        """The page's namespace once its examples up to ``index`` have run."""
+        if page not in self.modules:
+            name = "docs_example_" + re.sub(r"\W", "_", page.removesuffix(".md"))
+            self.modules[page] = sys.modules[name] = types.ModuleType(name)
+        namespace = self.modules[page].__dict__
+        while (number := self.ran.get(page, 0)) <= index:
+            if page in self.failed:
+                raise AssertionError(f"{page}#{number} not run: {self.failed[page]} failed")
+            self.ran[page] = number + 1
+            try:
+                self._run(page, number, namespace)
+            except BaseException:
+                self.failed[page] = f"{page}#{number}"
+                raise
+        return namespace
+
+    def _run(self, page: str, number: int, namespace: dict[str, Any]) -> None:
+        line, code = EXAMPLES[page][number]
+        tree = ast.increment_lineno(ast.parse(code), line - 1)  # tracebacks name the page's line
+        context = docs_context.CONTEXT.get(f"{page}#{number}")
+        defined = set(namespace)
+        with contextlib.chdir(folder := self.folder(page)):
+            if context is not None:
+                namespace.update(context(folder, self))
+            exec(compile(tree, f"docs/{page}", "exec"), namespace)
+        if "make" in namespace and "make" not in defined:  # a model factory: its model runs
+            model, inputs = namespace["make"]()
+            model(*inputs)
+
+    def close(self) -> None:
+        for module in self.modules.values():
+            sys.modules.pop(module.__name__, None)
 
 
-def self_contained(tree: ast.Module) -> bool:
-    """Whether the example defines every name it reads and calls nothing ``HEAVY``."""
-    defined = set(dir(builtins))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
-            defined.add(node.name)
-        elif isinstance(node, ast.arg):
-            defined.add(node.arg)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            defined.add(node.id)
-    for node in ast.walk(tree):
-        loaded = isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
-        if loaded and (node.id not in defined or node.id in HEAVY):  # type: ignore[attr-defined]
-            return False
-        if isinstance(node, ast.Attribute) and node.attr in HEAVY:
-            return False
-    return True
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pages]:
+    pages = Pages(tmp_path_factory.mktemp("examples"))
+    yield pages
+    pages.close()
 
 
-@pytest.mark.parametrize(("where", "code"), list(python_examples()))
-def test_a_guide_example_matches_the_code(where: str, code: str) -> None:
-    """A self-contained example runs (and a model factory ``make`` it defines makes a model that
-    runs on its example inputs); every other one is checked against the code's signatures."""
-    tree = ast.parse(code, where)
-    if self_contained(tree):
-        # A module of its own: torch.export (strict) reads a traced function's globals by
-        # importing its module, as for a module's classes.
-        example = types.ModuleType("example")
-        sys.modules["example"] = example
-        try:
-            exec(compile(tree, where, "exec"), example.__dict__)
-            if "make" in example.__dict__:
-                model, inputs = example.make()
-                model(*inputs)
-        finally:
-            del sys.modules["example"]
-        return
-    names: dict[str, Any] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            exec(compile(ast.Module([node], []), where, "exec"), names)
-    names.pop("__builtins__", None)
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        function = callee(node.func, names)
-        module = getattr(function, "__module__", "") or ""
-        if function is None or not module.startswith("etkit_") or not callable(function):
-            continue
-        signature = inspect.signature(function)
-        keywords = {k.arg: None for k in node.keywords if k.arg is not None}
-        # f(*args) or f(**kwargs) passes what is not known without running it: the arguments
-        # named must bind, the ones left out may be in the unpacking.
-        unpacked = any(isinstance(a, ast.Starred) for a in node.args) or any(
-            k.arg is None for k in node.keywords
-        )
-        arguments = [None] * sum(not isinstance(a, ast.Starred) for a in node.args)
-        bind = signature.bind_partial if unpacked else signature.bind
-        try:
-            bind(*arguments, **keywords)
-        except TypeError as error:
-            raise AssertionError(f"{where}: {ast.unparse(node)[:80]}: {error}") from None
+def test_every_context_names_an_example() -> None:
+    """A context left behind by an example that moved or went is found."""
+    examples = {f"{page}#{i}" for page, blocks in EXAMPLES.items() for i in range(len(blocks))}
+    assert sorted(set(docs_context.CONTEXT) - examples) == []
+
+
+@pytest.mark.parametrize(
+    ("page", "index"),
+    [
+        pytest.param(page, index, id=f"{page}#{index}")
+        for page, blocks in EXAMPLES.items()
+        for index in range(len(blocks))
+    ],
+)
+def test_a_guide_example_runs(pages: Pages, page: str, index: int) -> None:
+    """Every example runs, with the page's earlier examples and its context before it (and a
+    model factory ``make`` it defines makes a model that runs on its example inputs)."""
+    pages.run(page, index)
