@@ -52,7 +52,9 @@ FILE_SECONDS: Final = {
     "apps/exporter/tests/test_qat_export.py": 100,
     "libs/gridsampler/tests/test_qat_ddp.py": 60,
     "libs/quant/tests/test_qat.py": 60,
-    "tests/test_docs.py": 20,  # the docs site's build (mkdocs, about 11 s) and its checks
+    "tests/test_docs.py": 100,  # the site's build (about 11 s) and every guide example run
+    "apps/exporter/tests/test_state.py": 130,  # recurrent exports, their loops, a VGF loop
+    "tests/test_recurrent_fuzz.py": 30,
 }
 
 
