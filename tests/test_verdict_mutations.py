@@ -116,3 +116,15 @@ def test_the_history_warp_shifted_a_quarter_pixel_fails(tmp_path: Path) -> None:
     message = str(caught.value)  # frame 0's outputs, or the loop from its first failing frame
     assert message.startswith("verification failed")
     assert "output 0 vs the quantized PT2E model" in message or "the loop: from frame" in message
+
+
+def test_an_output_clamp_three_steps_narrower_is_caught_by_the_band_rule(
+    clean: Any, tmp_path: Path
+) -> None:
+    """The attack issue 54 names: the flow-warp demo's output clamped at +-124 instead of +-127
+    steps (71 saturated values pulled in by 3 steps) passed the power and bias rules; the top
+    value band's bias bound fails it."""
+    target, model, inputs, seen, _ = clean
+    outcome = vm.run_mutation("output-clamp-124", model, inputs, seen, tmp_path / "m", target)
+    _check(outcome)
+    assert any("top band" in reason for reason in outcome.reasons), outcome.reasons

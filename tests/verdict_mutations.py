@@ -392,6 +392,16 @@ def output_rounding(kind: str) -> Mutation:
             )
             if not isinstance(q, torch.fx.Node) or not _is(q, "quantize_per_tensor"):
                 continue
+            if kind == "clamp":  # the clamp that feeds the output's quantize, 3 steps narrower
+                clamp = q.args[0]
+                if not (_is(clamp, "clamp") or _is(clamp, "hardtanh")):
+                    continue
+                low, high = clamp.args[1], clamp.args[2]
+                if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
+                    continue
+                step = float(q.args[1])
+                clamp.args = (clamp.args[0], float(low) + 3 * step, float(high) - 3 * step)
+                return "the output's clamp 3 steps narrower at both ends (+-124 of +-127)"
             if kind == "offset" and dq is not None:
                 dq.args = (dq.args[0], dq.args[1], int(dq.args[2]) - 1, *dq.args[3:])
                 return "the output's dequantize one step up"
@@ -432,6 +442,7 @@ MUTATIONS: dict[str, Mutation] = {
     "activation-dropped": drop_activation,
     "output-truncated": output_rounding("truncate"),
     "output-offset-one-step": output_rounding("offset"),
+    "output-clamp-124": output_rounding("clamp"),
 }
 
 

@@ -12,7 +12,13 @@ envelope run's:
 - bias: ``|mean(D)|`` at most the prediction bound of the envelope's ``|mean(D_k)|`` (or the
   halves-rounding runs'), plus three standard errors of the program's own mean (a 4-logit
   output's mean wanders by more than a picture's);
-- ``max_steps``, when the tolerance sets it: no value further.
+- ``max_steps``, when the tolerance sets it: no value further;
+- structured bias (an output's ``regions``, ``structured_regions``): the mean difference in
+  each output channel, in the top and bottom value bands (the last ``BAND_STEPS`` steps of the
+  range, where a wrong clamp shows) and in the image's border ring (``RING_PX`` pixels) at most
+  the prediction bound of the envelope runs' means there plus three of the envelope's own
+  standard errors there (not the program's: a noisier program earns no looser bound), and
+  never less than one value one step off. A loop compounds what one frame hides.
 
 No rule accepts a difference without bounding it. A float export (no quantization) has no
 envelope: its outputs are held to ``float_min_psnr_db`` against the float model and to the bias
@@ -61,11 +67,82 @@ def _moments(difference: torch.Tensor) -> tuple[float, float, float]:
 @dataclass(frozen=True)
 class RunFigures:
     """What the judgement reads of one envelope run's tensor against the reference, in units:
-    the power and mean of the difference, and the largest difference."""
+    the power and mean of the difference, the largest difference, and per structured region
+    (``structured_regions``) the mean and its standard error."""
 
     power: float
     mean: float
     max_units: float
+    regions: tuple[tuple[float, float], ...] = ()
+
+
+BAND_STEPS: Final = 3  # the top and bottom value bands: this many steps from the range's ends
+RING_PX: Final = 2  # the border ring's width
+MIN_REGION: Final = 32  # values a region needs to be judged on its own
+MAX_CHANNELS: Final = 64  # an output of more channels is judged per band and ring only
+
+
+@dataclass(frozen=True)
+class Region:
+    """A part of an output judged for bias on its own: ``name`` ("channel 2", "top band",
+    "border ring") and ``mask`` (of the output's shape) or ``channel``."""
+
+    name: str
+    size: int
+    mask: torch.Tensor | None = None
+    channel: int | None = None
+
+    def values(self, difference: torch.Tensor) -> torch.Tensor:
+        if self.channel is not None:
+            return difference[:, self.channel].reshape(-1)
+        assert self.mask is not None
+        return difference[self.mask]
+
+
+def structured_regions(reference: torch.Tensor, entry: Mapping[str, Any]) -> list[Region]:
+    """The regions of an output (``reference``, real values; ``entry`` its io_quant_params.json
+    entry) judged for bias on their own: each channel (2 to ``MAX_CHANNELS``), the values within
+    ``BAND_STEPS`` steps of the quantization range's ends (a float output: of the reference's
+    range, in 1/255), the ``RING_PX`` border ring of an image (4-D, at least 8 x 8); each of at
+    least ``MIN_REGION`` values."""
+    regions: list[Region] = []
+    if reference.dim() >= 2 and 2 <= reference.shape[1] <= MAX_CHANNELS:
+        count = reference.numel() // reference.shape[1]
+        if count >= MIN_REGION:
+            regions += [Region(f"channel {c}", count, channel=c) for c in range(reference.shape[1])]
+    scale = entry.get("scale")
+    if scale is not None and entry.get("quant_min") is not None:
+        zero = float(entry.get("zero_point") or 0)
+        low = (float(entry["quant_min"]) - zero + BAND_STEPS) * float(scale)
+        high = (float(entry["quant_max"]) - zero - BAND_STEPS) * float(scale)
+    elif scale is not None:  # a range not given: the reference's ends
+        low = float(reference.min()) + BAND_STEPS * float(scale) if reference.numel() else 0.0
+        high = float(reference.max()) - BAND_STEPS * float(scale) if reference.numel() else 0.0
+    else:
+        peak = float(reference.max() - reference.min()) if reference.numel() else 0.0
+        low = float(reference.min()) + BAND_STEPS * peak / _FLOAT_UNITS if peak else -math.inf
+        high = float(reference.max()) - BAND_STEPS * peak / _FLOAT_UNITS if peak else math.inf
+    for name, mask in (("top band", reference >= high), ("bottom band", reference <= low)):
+        size = int(mask.sum())
+        if size >= MIN_REGION:
+            regions.append(Region(name, size, mask=mask))
+    if reference.dim() == 4 and min(reference.shape[-2:]) >= 4 * RING_PX + 4:
+        ring = torch.ones(reference.shape, dtype=torch.bool)
+        ring[..., RING_PX:-RING_PX, RING_PX:-RING_PX] = False
+        regions.append(Region("border ring", int(ring.sum()), mask=ring))
+    return regions
+
+
+def _region_moments(
+    difference: torch.Tensor, regions: Sequence[Region]
+) -> tuple[tuple[float, float], ...]:
+    """Per region: the mean of ``difference`` (of the output's shape) there and its standard
+    error."""
+    figures = []
+    for region in regions:
+        _, mean, standard_error = _moments(region.values(difference))
+        figures.append((mean, standard_error))
+    return tuple(figures)
 
 
 def judge_unit(reference: torch.Tensor, scale: float | None) -> float:
@@ -76,13 +153,22 @@ def judge_unit(reference: torch.Tensor, scale: float | None) -> float:
     return scale if scale is not None else (peak or 1.0) / _FLOAT_UNITS
 
 
-def run_figures(run: torch.Tensor, reference: torch.Tensor, unit: float) -> RunFigures:
-    """One envelope run's ``RunFigures`` (``run`` and ``reference``: real values of one size)."""
+def run_figures(
+    run: torch.Tensor,
+    reference: torch.Tensor,
+    unit: float,
+    regions: Sequence[Region] = (),
+    shape: Sequence[int] | None = None,
+) -> RunFigures:
+    """One envelope run's ``RunFigures`` (``run`` and ``reference``: real values of one size;
+    ``regions`` of the output's ``shape``)."""
     r = reference.double().reshape(-1)
     e = run.double().reshape(-1)
-    power, mean, _ = _moments((e - r) / unit)
+    difference = (e - r) / unit
+    power, mean, _ = _moments(difference)
     largest = float((e - r).abs().max() / unit) if r.numel() else 0.0
-    return RunFigures(power, mean, largest)
+    parts = _region_moments(difference.reshape(tuple(shape)), regions) if regions and shape else ()
+    return RunFigures(power, mean, largest, parts)
 
 
 def judge_tensor(
@@ -94,6 +180,7 @@ def judge_tensor(
     envelope: Sequence[torch.Tensor | RunFigures] = (),
     modes: Sequence[torch.Tensor | RunFigures] = (),
     float_reference: bool = False,
+    regions: Sequence[Region] = (),
 ) -> dict[str, Any]:
     """``actual`` against ``reference`` (real values of one shape) with the envelope's runs of
     the same tensor (``envelope``: the dithered runs, ``modes``: the halves-rounding runs; each
@@ -106,6 +193,8 @@ def judge_tensor(
     difference = (a - r) / unit
     n = difference.numel()
     power, mean, standard_error = _moments(difference)
+    shape = tuple(reference.shape)
+    parts = _region_moments(difference.reshape(shape), regions) if regions else ()
     result: dict[str, Any] = {
         "psnr_db": psnr(a, r),
         "max_abs_error": float((a - r).abs().max()) if n else 0.0,
@@ -120,8 +209,8 @@ def judge_tensor(
     reasons: list[str] = []
     name = "steps" if scale is not None else "units"
     if len(envelope) >= 2:
-        runs = [_figures(e, r, unit) for e in envelope]
-        mode_runs = [_figures(e, r, unit) for e in modes]
+        runs = [_figures(e, r, unit, regions, shape) for e in envelope]
+        mode_runs = [_figures(e, r, unit, regions, shape) for e in modes]
         power_bound = max(
             prediction_bound([run.power for run in runs]),
             max((run.power for run in mode_runs), default=0.0),
@@ -146,6 +235,10 @@ def judge_tensor(
             reasons.append(
                 f"error power {power:.4g} {name}^2 (the rounding envelope allows {power_bound:.3g})"
             )
+        if parts and all(len(run.regions) == len(parts) for run in (*runs, *mode_runs)):
+            structured = _judge_regions(regions, parts, runs, mode_runs, name)
+            result["structured_bias"] = structured["figures"]
+            reasons += structured["reasons"]
     else:
         bias_bound = _SE * standard_error + (_FLOAT_NOISE if scale is None else 0.0)
         result["bias_bound_steps"] = bias_bound
@@ -163,8 +256,46 @@ def judge_tensor(
     return result
 
 
-def _figures(run: torch.Tensor | RunFigures, reference: torch.Tensor, unit: float) -> RunFigures:
-    return run if isinstance(run, RunFigures) else run_figures(run, reference, unit)
+def _figures(
+    run: torch.Tensor | RunFigures,
+    reference: torch.Tensor,
+    unit: float,
+    regions: Sequence[Region] = (),
+    shape: Sequence[int] | None = None,
+) -> RunFigures:
+    if isinstance(run, RunFigures):
+        return run
+    return run_figures(run, reference, unit, regions, shape)
+
+
+def _judge_regions(
+    regions: Sequence[Region],
+    parts: Sequence[tuple[float, float]],
+    runs: Sequence[RunFigures],
+    mode_runs: Sequence[RunFigures],
+    name: str,
+) -> dict[str, Any]:
+    """The structured bias rule (module docstring) over ``regions``: the program's mean there
+    (``parts``) against the envelope runs'. Returns per region its figures and the reasons."""
+    figures, reasons = [], []
+    for j, region in enumerate(regions):
+        mean = parts[j][0]
+        envelope_se = sum(run.regions[j][1] for run in runs) / len(runs)
+        bound = (
+            max(
+                prediction_bound([abs(run.regions[j][0]) for run in runs]),
+                max((abs(run.regions[j][0]) for run in mode_runs), default=0.0),
+            )
+            + _SE * envelope_se
+        )
+        figures.append({"region": region.name, "mean": mean, "bound": bound})
+        bound = max(bound, 1.0 / region.size)  # one value one step off
+        if abs(mean) > bound * (1 + _FLOAT32_SLACK):
+            reasons.append(
+                f"mean error {mean:+.3g} {name} in the {region.name} (at most {bound:.3g} "
+                "either way)"
+            )
+    return {"figures": figures, "reasons": reasons}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,9 +311,12 @@ def output_reducer(
     units = [
         judge_unit(ref, _output_step(entry)) for ref, entry in zip(flat, io_outputs, strict=True)
     ]
+    parts = [structured_regions(ref, e) for ref, e in zip(references, io_outputs, strict=True)]
+    shapes = [tuple(ref.shape) for ref in references]
 
     def reduce(index: int, value: torch.Tensor) -> RunFigures:
-        return run_figures(_real(value, io_outputs[index]), flat[index], units[index])
+        real = _real(value, io_outputs[index])
+        return run_figures(real, flat[index], units[index], parts[index], shapes[index])
 
     return reduce
 
@@ -215,6 +349,7 @@ def judge_outputs(
             envelope=[_real(e, entry) for e in dithered],
             modes=[_real(e, entry) for e in modes],
             float_reference=float_export,
+            regions=structured_regions(ref, entry),
         )
         outputs.append({"output": index, "reference": QUANTIZED_REFERENCE, **judged})
     failing = [o for o in outputs if not o["passes"]]
