@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_exporter.check.loop import loop_frames, verify_loop
+from etkit_exporter.export.arguments import check_forward
 from etkit_quant import ObservedRange, fixed, is_fixed, snorm8
 from etkit_quant.defaults import SNORM8_MIN_ABS
 
@@ -116,6 +117,7 @@ def check_state(state: object, model: torch.nn.Module, inputs: Frame) -> ModelSt
             f"state must map input names to output names (e.g. {{'history': 'new_history'}}), "
             f"got {state!r}"
         )
+    check_forward(model, inputs)  # the forward's own error, in one line
     with torch.no_grad():
         returned = model(*inputs)
     outputs = _leaves(returned)
@@ -153,11 +155,15 @@ def _describe(x: torch.Tensor) -> str:
 
 def written_buffers(model: torch.nn.Module, inputs: Frame) -> list[str]:
     """The buffers one forward of ``model`` on ``inputs`` writes in place, found on copies (the
-    model's own buffers are left as they were)."""
+    model's own buffers are left as they were); none when the forward fails (the export's
+    ``check_forward`` then says why, in one line)."""
     copies = {name: b.detach().clone() for name, b in model.named_buffers()}
     versions = {name: c._version for name, c in copies.items()}
-    with torch.no_grad():
-        torch.func.functional_call(model, copies, inputs)
+    try:
+        with torch.no_grad():
+            torch.func.functional_call(model, copies, inputs)
+    except Exception:  # the forward's own error: check_forward says it in one line
+        return []
     return [name for name, c in copies.items() if c._version != versions[name]]
 
 
