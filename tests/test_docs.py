@@ -7,7 +7,9 @@ name of every library, and the guides' Python examples run.
 - The reference: the site's inventory (``objects.inv``, written by mkdocstrings) holds every
   name in each library's ``__all__`` and every public function and class of its public modules.
 - The examples: every ```` ```python ```` block of the pages under ``docs/`` runs, exports and
-  QAT included, as a reader would run it: a page's blocks in order in one namespace and working
+  QAT included, as a reader would run it, and so does every block of the files those pages
+  include (``--8<--``, pymdownx.snippets: the libraries' READMEs, the exporter's ``docs/``), as
+  part of the page that includes them: a page's blocks in order in one namespace and working
   folder, with what the page's prose assumes the reader has (a model, its inputs, calibration
   samples, a written export) added first at small size (``docs_context.py``). The pages share
   what is slow: the "Run a program" guide runs the export the "Your own model" guide writes.
@@ -24,7 +26,7 @@ import types
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import docs_context
 import griffe
@@ -178,15 +180,58 @@ def test_the_pages_outside_the_site_name_what_exists() -> None:
     assert problems == []
 
 
-def python_examples() -> dict[str, list[tuple[int, str]]]:
-    """Each page's ```` ```python ```` blocks, in order, with the line each starts on, by the
-    page's path under ``docs/``."""
-    examples: dict[str, list[tuple[int, str]]] = {}
-    for path in sorted(DOCS.rglob("*.md")):
-        text = path.read_text()
-        for match in re.finditer(r"^```python\n(.*?)^```", text, re.M | re.S):
-            line = text.count("\n", 0, match.start(1)) + 1
-            examples.setdefault(str(path.relative_to(DOCS)), []).append((line, match[1]))
+SNIPPET = re.compile(r'--8<-- "(?P<path>[^":]+)(?::(?P<start>\d*))?(?::(?P<end>\d*))?"')
+
+
+class Example(NamedTuple):
+    """A ```` ```python ```` block: the file it is written in (relative to the repository) and
+    the line its code starts on there."""
+
+    source: str
+    line: int
+    code: str
+
+
+def page_lines(path: Path, root: Path, start: int = 1, end: int = 0) -> list[tuple[str, Path, int]]:
+    """The lines ``start`` to ``end`` (0: the last) of ``path`` as the site renders them, each
+    with the file and line it comes from: a ``--8<-- "FILE[:START[:END]]"`` line is replaced by
+    those lines of FILE (relative to ``root``, pymdownx.snippets' ``base_path``), which may
+    include others."""
+    lines = path.read_text().splitlines()
+    rendered: list[tuple[str, Path, int]] = []
+    for number in range(start, (end or len(lines)) + 1):
+        text = lines[number - 1]
+        if not text.strip().startswith("--8<--"):
+            rendered.append((text, path, number))
+        elif match := SNIPPET.fullmatch(text.strip()):
+            included = root / match["path"]
+            rendered += page_lines(included, root, int(match["start"] or 1), int(match["end"] or 0))
+        else:  # a form of pymdownx.snippets read here as none: its examples would go unrun
+            raise ValueError(f"{path}:{number}: a snippet line not understood: {text}")
+    return rendered
+
+
+def python_examples(docs: Path = DOCS, root: Path = ROOT) -> dict[str, list[Example]]:
+    """Each page's ```` ```python ```` blocks, its included files' among them, in the order the
+    site renders them, by the page's path under ``docs/``."""
+    examples: dict[str, list[Example]] = {}
+    for path in sorted(docs.rglob("*.md")):
+        lines = page_lines(path, root)
+        opened: int | None = None
+        for index, (text, source, _) in enumerate(lines):
+            if opened is None and text == "```python":
+                opened = index + 1
+            elif opened is not None and text.startswith("```"):
+                block = lines[opened:index]
+                if any(origin != source for _, origin, _ in block):
+                    raise ValueError(f"{source}: a Python block ends in another file")
+                example = Example(
+                    str(source.relative_to(root)),
+                    block[0][2] if block else lines[index][2],
+                    "".join(f"{text}\n" for text, _, _ in block),
+                )
+                examples.setdefault(str(path.relative_to(docs)), []).append(example)
+                opened = None
     return examples
 
 
@@ -229,14 +274,14 @@ class Pages:
         return namespace
 
     def _run(self, page: str, number: int, namespace: dict[str, Any]) -> None:
-        line, code = EXAMPLES[page][number]
-        tree = ast.increment_lineno(ast.parse(code), line - 1)  # tracebacks name the page's line
+        source, line, code = EXAMPLES[page][number]
+        tree = ast.increment_lineno(ast.parse(code), line - 1)  # tracebacks name the file's line
         context = docs_context.CONTEXT.get(f"{page}#{number}")
         defined = set(namespace)
         with contextlib.chdir(folder := self.folder(page)):
             if context is not None:
                 namespace.update(context(folder, self))
-            exec(compile(tree, f"docs/{page}", "exec"), namespace)
+            exec(compile(tree, source, "exec"), namespace)
         if "make" in namespace and "make" not in defined:  # a model factory: its model runs
             model, inputs = namespace["make"]()
             model(*inputs)
@@ -251,6 +296,38 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pages]:
     pages = Pages(tmp_path_factory.mktemp("examples"))
     yield pages
     pages.close()
+
+
+def test_the_examples_of_included_files_are_the_pages(tmp_path: Path) -> None:
+    """A page's examples include those of the lines it includes (``--8<--``, with a line range
+    and through an included file's own include), in the site's order, each named by the file
+    and line it is written on; a snippet form not read here fails rather than hides examples."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "lib").mkdir()
+    block = "```python\n{}\n```\n"
+    (tmp_path / "lib" / "inner.md").write_text("# Inner\n\n" + block.format("inner = 1"))
+    (tmp_path / "lib" / "README.md").write_text(
+        block.format("skipped = 0")  # lines 1-3: not included
+        + "# Library\n"
+        + block.format("readme = 1")  # code on line 6
+        + '--8<-- "lib/inner.md"\n'
+    )
+    (tmp_path / "docs" / "page.md").write_text(
+        block.format("first = 1") + '--8<-- "lib/README.md:4:"\n' + block.format("last = 1")
+    )
+    (tmp_path / "docs" / "other.md").write_text("No example.\n")
+    examples = python_examples(tmp_path / "docs", tmp_path)
+    assert examples == {
+        "page.md": [
+            Example("docs/page.md", 2, "first = 1\n"),
+            Example("lib/README.md", 6, "readme = 1\n"),
+            Example("lib/inner.md", 4, "inner = 1\n"),
+            Example("docs/page.md", 6, "last = 1\n"),
+        ]
+    }
+    (tmp_path / "docs" / "other.md").write_text("--8<--\nlib/README.md\n--8<--\n")  # a block
+    with pytest.raises(ValueError, match=r"other\.md:1: a snippet line not understood"):
+        python_examples(tmp_path / "docs", tmp_path)
 
 
 def test_every_context_names_an_example() -> None:
