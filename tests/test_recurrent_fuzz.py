@@ -14,7 +14,7 @@ import torch
 
 from etkit_exporter import export_model
 
-CI_SEEDS = {"xnnpack": (0, 1), "vgf": ()}  # VGF: about 90 s a model (on demand)
+CI_SEEDS = {"xnnpack": (1,), "vgf": ()}  # VGF: about 90 s a model (on demand)
 ALL_SEEDS = range(8)
 
 

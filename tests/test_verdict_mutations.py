@@ -118,13 +118,27 @@ def test_the_history_warp_shifted_a_quarter_pixel_fails(tmp_path: Path) -> None:
     assert "output 0 vs the quantized PT2E model" in message or "the loop: from frame" in message
 
 
+def _clamp_caught(clean: Any, tmp_path: Path) -> None:
+    target, model, inputs, seen, _ = clean
+    outcome = vm.run_mutation("output-clamp-124", model, inputs, seen, tmp_path / "m", target)
+    _check(outcome)
+    assert any("top band" in reason for reason in outcome.reasons), outcome.reasons
+
+
 def test_an_output_clamp_three_steps_narrower_is_caught_by_the_band_rule(
     clean: Any, tmp_path: Path
 ) -> None:
     """The attack issue 54 names: the flow-warp demo's output clamped at +-124 instead of +-127
     steps (71 saturated values pulled in by 3 steps) passed the power and bias rules; the top
-    value band's bias bound fails it."""
-    target, model, inputs, seen, _ = clean
-    outcome = vm.run_mutation("output-clamp-124", model, inputs, seen, tmp_path / "m", target)
-    _check(outcome)
-    assert any("top band" in reason for reason in outcome.reasons), outcome.reasons
+    value band's bias bound fails it (XNNPACK here; VGF on demand, below: -2.79 steps against a
+    bound of 0.198 when measured)."""
+    if clean[0] == "vgf":
+        pytest.skip("VGF: test_an_output_clamp_is_caught_on_vgf (-m extended)")
+    _clamp_caught(clean, tmp_path)
+
+
+@pytest.mark.extended
+def test_an_output_clamp_is_caught_on_vgf(clean: Any, tmp_path: Path) -> None:
+    if clean[0] != "vgf":
+        pytest.skip("XNNPACK: the test above, in CI")
+    _clamp_caught(clean, tmp_path)

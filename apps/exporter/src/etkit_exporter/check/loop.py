@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import torch
 from PIL import Image, ImageDraw
@@ -38,8 +38,19 @@ from etkit_exporter.programs import load_program
 from etkit_exporter.programs.runtime import runtime_method
 
 if TYPE_CHECKING:
-    from etkit_exporter.export.state import ModelState
     from etkit_pterunner import DelegateFn
+
+
+class StatePairs(Protocol):
+    """What the loop reads of a model's state (``export.state.ModelState``): each pair's
+    output name, and the output index feeding each state input."""
+
+    @property
+    def pairs(self) -> Sequence[Any]: ...
+
+    @property
+    def inputs(self) -> dict[int, int]: ...
+
 
 Frame = tuple[torch.Tensor, ...]
 LOOP_FRAMES: Final = 16
@@ -85,7 +96,7 @@ def verify_loop(
     model: torch.nn.Module,
     quantized_model: torch.nn.Module,
     frames: Sequence[Frame],
-    state: ModelState,
+    state: StatePairs,
     io_params: dict[str, Any],
     target: str = "xnnpack",
     *,
@@ -213,7 +224,7 @@ def _db(value: float | None) -> float | None:
 
 
 def _state_saturation(
-    state: ModelState, floats: Sequence[torch.Tensor], io_params: Mapping[str, Any]
+    state: StatePairs, floats: Sequence[torch.Tensor], io_params: Mapping[str, Any]
 ) -> dict[str, float | None]:
     """Each state's share of values the float model's loop put outside what the state's
     quantization represents at this frame (None for a float state)."""

@@ -33,8 +33,7 @@ from torchao.quantization.pt2e.quantizer import QuantizationSpec
 
 from etkit_exporter.check.loop import loop_frames, verify_loop
 from etkit_exporter.export.arguments import check_forward
-from etkit_quant import ObservedRange, fixed, is_fixed, snorm8
-from etkit_quant.defaults import SNORM8_MIN_ABS
+from etkit_quant import ObservedRange, fixed, is_fixed, value_qspec
 
 Frame = tuple[torch.Tensor, ...]
 
@@ -333,8 +332,9 @@ def shared_state_qspec(ranges: Sequence[ObservedRange]) -> QuantizationSpec | No
     seen = [r for r in ranges if r.count > r.nonfinite]
     low = min([0.0, *(r.min for r in seen)])
     high = max([0.0, *(r.max for r in seen)])
-    if low >= -1.0 and high <= 1.0 and max(-low, high) >= SNORM8_MIN_ABS:
-        return snorm8()
+    preset = value_qspec(seen)  # the library's own rule: SNORM8, or observed int8
+    if is_fixed(preset):
+        return preset
     scale = (high - low) / 255 if high > low else 1.0
     scale = scale if math.isfinite(scale) and scale > 0 else 1.0
     zero_point = int(min(127, max(-128, round(-128 - low / scale))))
